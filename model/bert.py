@@ -1,0 +1,188 @@
+"""BERT encoder in plain PyTorch: embeddings, post-norm attention + feed-forward layers, pooler.
+
+Two attention paths share the same weights: a fast one through `scaled_dot_product_attention`, and a
+plain one that materialises the (B, nh, T, T) probabilities so they can be returned. Both take a head
+mask; a masked head emits a zero vector for every token (HEAD-MASK in the query-title BERT study).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from model.config import BertConfig
+
+
+def activation(name: str):
+    if name == "gelu":
+        return nn.GELU()
+    if name in ("gelu_new", "gelu_pytorch_tanh"):
+        return nn.GELU(approximate="tanh")
+    if name == "relu":
+        return nn.ReLU()
+    raise ValueError(f"unsupported activation {name!r}")
+
+
+@dataclass
+class EncoderOutput:
+    hidden: Tensor  # (B, T, H) last layer
+    pooled: Tensor | None  # (B, H) tanh(dense([CLS])) when the model has a pooler
+    attentions: list[Tensor] | None  # per layer (B, nh, T, T), plain path only
+
+
+class Embeddings(nn.Module):
+    def __init__(self, cfg: BertConfig):
+        super().__init__()
+        self.word = nn.Embedding(cfg.vocab_size, cfg.hidden_size, padding_idx=cfg.pad_token_id)
+        self.position = nn.Embedding(cfg.max_position_embeddings, cfg.hidden_size)
+        self.token_type = nn.Embedding(cfg.type_vocab_size, cfg.hidden_size)
+        self.norm = nn.LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps)
+        self.dropout = nn.Dropout(cfg.hidden_dropout_prob)
+
+    def forward(self, input_ids: Tensor, token_type_ids: Tensor) -> Tensor:
+        T = input_ids.shape[1]
+        pos = torch.arange(T, device=input_ids.device)
+        x = self.word(input_ids) + self.token_type(token_type_ids) + self.position(pos)[None]
+        return self.dropout(self.norm(x))
+
+
+class SelfAttention(nn.Module):
+    """Multi-head self-attention over `len(heads)` heads (fewer than the config's after pruning)."""
+
+    def __init__(self, cfg: BertConfig, heads: list[int]):
+        super().__init__()
+        self.heads = heads  # original head indices kept in this layer
+        self.head_size = cfg.head_size
+        inner = len(heads) * cfg.head_size
+        self.query = nn.Linear(cfg.hidden_size, inner)
+        self.key = nn.Linear(cfg.hidden_size, inner)
+        self.value = nn.Linear(cfg.hidden_size, inner)
+        self.out = nn.Linear(inner, cfg.hidden_size)
+        self.dropout_p = cfg.attention_probs_dropout_prob
+
+    def forward(
+        self, x: Tensor, bias: Tensor, head_mask: Tensor | None, return_probs: bool
+    ) -> tuple[Tensor, Tensor | None]:
+        B, T, _ = x.shape
+        nh, hs = len(self.heads), self.head_size
+        q = self.query(x).view(B, T, nh, hs).transpose(1, 2)  # (B, nh, T, hs)
+        k = self.key(x).view(B, T, nh, hs).transpose(1, 2)
+        v = self.value(x).view(B, T, nh, hs).transpose(1, 2)
+        drop = self.dropout_p if self.training else 0.0
+        probs = None
+        if return_probs:
+            scores = (q @ k.transpose(-1, -2)) / math.sqrt(hs) + bias  # (B, nh, T, T)
+            probs = scores.softmax(dim=-1)
+            ctx = F.dropout(probs, drop, self.training) @ v
+        else:
+            ctx = F.scaled_dot_product_attention(q, k, v, attn_mask=bias, dropout_p=drop)
+        if head_mask is not None:  # (nh,) zero silences a head entirely
+            ctx = ctx * head_mask.view(1, nh, 1, 1).to(ctx.dtype)
+        ctx = ctx.transpose(1, 2).reshape(B, T, nh * hs)
+        return self.out(ctx), probs
+
+
+class Layer(nn.Module):
+    def __init__(self, cfg: BertConfig, heads: list[int]):
+        super().__init__()
+        self.attn = SelfAttention(cfg, heads)
+        self.attn_norm = nn.LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps)
+        self.up = nn.Linear(cfg.hidden_size, cfg.intermediate_size)
+        self.act = activation(cfg.hidden_act)
+        self.down = nn.Linear(cfg.intermediate_size, cfg.hidden_size)
+        self.ffn_norm = nn.LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps)
+        self.dropout = nn.Dropout(cfg.hidden_dropout_prob)
+
+    def forward(self, x, bias, head_mask, return_probs):
+        a, probs = self.attn(x, bias, head_mask, return_probs)
+        x = self.attn_norm(x + self.dropout(a))  # post-norm, as in BERT
+        x = self.ffn_norm(x + self.dropout(self.down(self.act(self.up(x)))))
+        return x, probs
+
+
+class Pooler(nn.Module):
+    def __init__(self, cfg: BertConfig):
+        super().__init__()
+        self.dense = nn.Linear(cfg.hidden_size, cfg.hidden_size)
+
+    def forward(self, hidden: Tensor) -> Tensor:
+        return torch.tanh(self.dense(hidden[:, 0]))
+
+
+class BertEncoder(nn.Module):
+    def __init__(self, cfg: BertConfig, with_pooler: bool = True):
+        super().__init__()
+        self.cfg = cfg
+        self.embeddings = Embeddings(cfg)
+        self.layers = nn.ModuleList(Layer(cfg, cfg.heads_in_layer(i)) for i in range(cfg.num_hidden_layers))
+        self.pooler = Pooler(cfg) if with_pooler else None
+
+    def forward(
+        self,
+        input_ids: Tensor,  # (B, T)
+        token_type_ids: Tensor,  # (B, T)
+        attention_mask: Tensor,  # (B, T) 1 = token, 0 = padding
+        head_mask: Tensor | None = None,  # (layers, config heads), original head indices
+        output_attentions: bool = False,
+    ) -> EncoderOutput:
+        x = self.embeddings(input_ids, token_type_ids)
+        # (B, 1, 1, T) additive bias: padded keys get the dtype's minimum, as transformers does.
+        bias = (1.0 - attention_mask[:, None, None, :].to(x.dtype)) * torch.finfo(x.dtype).min
+        attentions: list[Tensor] | None = [] if output_attentions else None
+        if head_mask is not None and tuple(head_mask.shape) != (
+            self.cfg.num_hidden_layers,
+            self.cfg.num_attention_heads,
+        ):
+            raise ValueError(
+                f"head_mask must have shape ({self.cfg.num_hidden_layers}, "
+                f"{self.cfg.num_attention_heads}), got {tuple(head_mask.shape)}"
+            )
+        for i, layer in enumerate(self.layers):
+            hm = None if head_mask is None else head_mask[i, layer.attn.heads].to(x.device)
+            x, probs = layer(x, bias, hm, output_attentions)
+            if attentions is not None:
+                attentions.append(probs)
+        pooled = self.pooler(x) if self.pooler is not None else None
+        return EncoderOutput(hidden=x, pooled=pooled, attentions=attentions)
+
+
+class BertForRelevance(nn.Module):
+    """Encoder + the graded-relevance head over [CLS] (through the pooler when there is one)."""
+
+    def __init__(self, cfg: BertConfig, with_pooler: bool = True):
+        super().__init__()
+        self.cfg = cfg
+        self.bert = BertEncoder(cfg, with_pooler)
+        p = cfg.classifier_dropout if cfg.classifier_dropout is not None else cfg.hidden_dropout_prob
+        self.dropout = nn.Dropout(p)
+        self.classifier = nn.Linear(cfg.hidden_size, cfg.num_labels)
+
+    def forward(
+        self,
+        input_ids: Tensor,
+        token_type_ids: Tensor,
+        attention_mask: Tensor,
+        head_mask: Tensor | None = None,
+        output_attentions: bool = False,
+    ) -> tuple[Tensor, list[Tensor] | None]:
+        """Returns logits (B, num_labels) and, on request, per-layer attention probabilities."""
+        out = self.bert(input_ids, token_type_ids, attention_mask, head_mask, output_attentions)
+        cls = out.pooled if out.pooled is not None else out.hidden[:, 0]
+        return self.classifier(self.dropout(cls)), out.attentions
+
+    def init_weights(self, seed: int, std: float = 0.02) -> None:
+        """BERT's initialisation (normal(0, 0.02), zero bias, unit LayerNorm), reproducible by seed."""
+        g = torch.Generator().manual_seed(seed)
+        for m in self.modules():
+            if isinstance(m, (nn.Linear, nn.Embedding)):
+                with torch.no_grad():
+                    m.weight.copy_(torch.randn(m.weight.shape, generator=g) * std)
+                if isinstance(m, nn.Linear):
+                    nn.init.zeros_(m.bias)
+            elif isinstance(m, nn.LayerNorm):
+                nn.init.ones_(m.weight)
+                nn.init.zeros_(m.bias)

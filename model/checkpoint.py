@@ -1,0 +1,186 @@
+"""Hugging Face-format checkpoints: config.json + model.safetensors (or pytorch_model.bin) + tokenizer.
+
+Loading is strict: every missing, unexpected or mis-shaped tensor is named in the error. Keys are
+accepted with or without the `bert.` prefix and with the old `gamma`/`beta` LayerNorm names; saving
+writes the `BertForSequenceClassification` layout, so `transformers` reads what we write.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from model.bert import BertForRelevance
+from model.config import BertConfig, ConfigError
+
+# (Hugging Face key, our key) patterns, without the `bert.` prefix; {i} is a layer index.
+_KEY_MAP = [
+    ("embeddings.word_embeddings.weight", "embeddings.word.weight"),
+    ("embeddings.position_embeddings.weight", "embeddings.position.weight"),
+    ("embeddings.token_type_embeddings.weight", "embeddings.token_type.weight"),
+    ("embeddings.LayerNorm.{p}", "embeddings.norm.{p}"),
+    ("encoder.layer.{i}.attention.self.query.{p}", "layers.{i}.attn.query.{p}"),
+    ("encoder.layer.{i}.attention.self.key.{p}", "layers.{i}.attn.key.{p}"),
+    ("encoder.layer.{i}.attention.self.value.{p}", "layers.{i}.attn.value.{p}"),
+    ("encoder.layer.{i}.attention.output.dense.{p}", "layers.{i}.attn.out.{p}"),
+    ("encoder.layer.{i}.attention.output.LayerNorm.{p}", "layers.{i}.attn_norm.{p}"),
+    ("encoder.layer.{i}.intermediate.dense.{p}", "layers.{i}.up.{p}"),
+    ("encoder.layer.{i}.output.dense.{p}", "layers.{i}.down.{p}"),
+    ("encoder.layer.{i}.output.LayerNorm.{p}", "layers.{i}.ffn_norm.{p}"),
+    ("pooler.dense.{p}", "pooler.dense.{p}"),
+]
+# Buffers some checkpoints carry that hold no learned weights.
+_IGNORED = re.compile(r"^(bert\.)?embeddings\.position_ids$")
+
+
+def _pattern(template: str) -> re.Pattern[str]:
+    rx = re.escape(template).replace(r"\{i\}", r"(?P<i>\d+)").replace(r"\{p\}", r"(?P<p>weight|bias)")
+    return re.compile(f"^{rx}$")
+
+
+_HF_TO_OURS = [(_pattern(hf), ours) for hf, ours in _KEY_MAP]
+_OURS_TO_HF = [(_pattern(ours), hf) for hf, ours in _KEY_MAP]
+
+
+class CheckpointError(ValueError):
+    """A directory or weight file that is not a usable checkpoint; the message says what is wrong."""
+
+
+def _translate(key: str, table) -> str | None:
+    for rx, target in table:
+        m = rx.match(key)
+        if m:
+            return target.format(**m.groupdict())
+    return None
+
+
+def hf_to_ours(hf_state: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], list[str]]:
+    """Map a Hugging Face BERT state dict to our names. Returns (state, keys we did not recognise)."""
+    state: dict[str, torch.Tensor] = {}
+    unknown: list[str] = []
+    for key, value in hf_state.items():
+        if _IGNORED.match(key):
+            continue
+        k = re.sub(r"\.gamma$", ".weight", re.sub(r"\.beta$", ".bias", key))  # old LayerNorm names
+        if k.startswith("classifier."):
+            state[k] = value
+            continue
+        k = k.removeprefix("bert.")
+        ours = _translate(k, _HF_TO_OURS)
+        if ours is None:
+            unknown.append(key)
+        else:
+            state["bert." + ours] = value
+    return state, unknown
+
+
+def ours_to_hf(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    out = {}
+    for key, value in state.items():
+        if key.startswith("classifier."):
+            out[key] = value
+            continue
+        hf = _translate(key.removeprefix("bert."), _OURS_TO_HF)
+        if hf is None:
+            raise CheckpointError(f"no Hugging Face name for {key}")
+        out["bert." + hf] = value
+    return out
+
+
+def read_weights(path: Path) -> dict[str, torch.Tensor]:
+    """Tensors of a checkpoint directory: safetensors first; a .bin only through weights_only."""
+    st, pt = path / "model.safetensors", path / "pytorch_model.bin"
+    try:
+        if st.is_file():
+            return load_file(str(st))
+        if pt.is_file():
+            return torch.load(str(pt), map_location="cpu", weights_only=True)
+    except Exception as e:  # corrupt or hostile file: never fall back to unpickling
+        raise CheckpointError(f"cannot read weights from {path}: {e}") from e
+    raise CheckpointError(f"{path} has no model.safetensors or pytorch_model.bin")
+
+
+def load_state(
+    model: BertForRelevance, state: dict[str, torch.Tensor], allow_missing: tuple[str, ...] = ()
+) -> None:
+    """Copy `state` into `model`; every problem is collected and named in one error.
+    `allow_missing` lists key prefixes that may be absent (a fresh head being built)."""
+    expected = model.state_dict()
+    missing = [k for k in expected if k not in state and not k.startswith(allow_missing)]
+    unexpected = [k for k in state if k not in expected]
+    shapes = [
+        f"{k}: checkpoint {tuple(v.shape)} vs model {tuple(expected[k].shape)}"
+        for k, v in state.items()
+        if k in expected and v.shape != expected[k].shape
+    ]
+    problems = []
+    if missing:
+        problems.append("missing: " + ", ".join(missing))
+    if unexpected:
+        problems.append("unexpected: " + ", ".join(unexpected))
+    if shapes:
+        problems.append("wrong shape: " + "; ".join(shapes))
+    if problems:
+        raise CheckpointError("weights do not fit the config — " + " | ".join(problems))
+    with torch.no_grad():
+        for k, v in state.items():
+            expected[k].copy_(v)
+
+
+def load_config(path: Path) -> BertConfig:
+    if not path.is_dir():
+        raise CheckpointError(f"{path} is not a directory")
+    if not (path / "config.json").is_file():
+        raise CheckpointError(f"{path} is not a checkpoint: it has no config.json")
+    try:
+        return BertConfig.from_file(path / "config.json")
+    except ConfigError as e:
+        raise CheckpointError(f"{path / 'config.json'}: {e}") from e
+
+
+def load_module(path: str | Path, num_labels_fallback: bool = False) -> BertForRelevance:
+    """Build the relevance module from a checkpoint directory.
+
+    A checkpoint that has a classification head must match it exactly. With `num_labels_fallback`,
+    an encoder-only checkpoint (no `classifier.*`) is accepted and its head left for the caller."""
+    path = Path(path)
+    cfg = load_config(path)
+    state, unknown = hf_to_ours(read_weights(path))
+    if unknown:
+        raise CheckpointError(f"{path}: unexpected tensors: {', '.join(unknown)}")
+    emb = state.get("bert.embeddings.word.weight")
+    if emb is not None and emb.shape[0] != cfg.vocab_size:
+        raise CheckpointError(
+            f"{path}: word embeddings have {emb.shape[0]} rows but config.vocab_size is {cfg.vocab_size}"
+        )
+    with_pooler = "bert.pooler.dense.weight" in state
+    model = BertForRelevance(cfg, with_pooler=with_pooler)
+    has_head = "classifier.weight" in state
+    if not has_head and not num_labels_fallback:
+        raise CheckpointError(
+            f"{path} has no classification head (classifier.weight); build one from this encoder "
+            "with `qtrel train --base` or model.classifier.new_from_encoder()"
+        )
+    load_state(model, state, allow_missing=() if has_head else ("classifier.",))
+    return model
+
+
+def save_checkpoint(module: BertForRelevance, tokenizer, path: str | Path, dtype: torch.dtype | None = None) -> None:
+    """Write config.json, model.safetensors (optionally cast, e.g. float16) and the tokenizer files."""
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    state = {}
+    for k, v in ours_to_hf(module.state_dict()).items():
+        v = v.detach().to("cpu")
+        if dtype is not None and v.is_floating_point():
+            v = v.to(dtype)
+        state[k] = v.contiguous()
+    save_file(state, str(path / "model.safetensors"), metadata={"format": "pt"})
+    cfg = module.cfg.to_dict()
+    cfg["torch_dtype"] = str(dtype or torch.float32).removeprefix("torch.")
+    (path / "config.json").write_text(json.dumps(cfg, indent=2) + "\n", encoding="utf-8")
+    tokenizer.save(path)

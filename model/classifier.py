@@ -1,0 +1,201 @@
+"""The graded-relevance model as a library: load, encode, score.
+
+`RelevanceModel` joins the tokenizer and the module on one device and precision. Scores are always
+float32: probabilities per level, the predicted level, and the expected level sum_k level_k * p(k),
+a single number that ranks titles for a query.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterable, Sequence
+
+import torch
+from torch import Tensor, nn
+
+from model.bert import BertForRelevance
+from model.checkpoint import CheckpointError, load_module, save_checkpoint
+from model.config import BertConfig
+from model.tokenizer import EncodedPairs, PairTokenizer, Truncation
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "int8": None}
+DEFAULT_LEVELS = ["1", "2", "3", "4", "5"]
+
+
+@dataclass
+class PairScore:
+    probs: list[float]  # per level, in the order of `RelevanceModel.labels`
+    level: str  # label of the most probable level
+    score: float  # expected level
+    tokens: int
+    truncated: bool
+
+
+def level_values(labels: Sequence[str]) -> Tensor:
+    """Numeric value of each level for the expected-level score: the label itself when numeric,
+    else its 1-based rank."""
+    try:
+        return torch.tensor([float(x) for x in labels])
+    except ValueError:
+        return torch.arange(1, len(labels) + 1, dtype=torch.float32)
+
+
+def pad_batch(
+    input_ids: Sequence[Sequence[int]], token_type_ids: Sequence[Sequence[int]], pad_id: int = 0
+) -> tuple[Tensor, Tensor, Tensor]:
+    """Right-pad to the longest pair: (ids, segments, mask), each (B, T) int64."""
+    T = max(len(x) for x in input_ids)
+    B = len(input_ids)
+    ids = torch.full((B, T), pad_id, dtype=torch.long)
+    seg = torch.zeros((B, T), dtype=torch.long)
+    mask = torch.zeros((B, T), dtype=torch.long)
+    for i, (x, s) in enumerate(zip(input_ids, token_type_ids)):
+        n = len(x)
+        ids[i, :n] = torch.tensor(x)
+        seg[i, :n] = torch.tensor(s)
+        mask[i, :n] = 1
+    return ids, seg, mask
+
+
+def resolve_device(device: str) -> torch.device:
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    dev = torch.device(device)
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError("device 'cuda' requested but CUDA is not available")
+    if dev.type not in ("cpu", "cuda"):
+        raise ValueError(f"unsupported device {device!r} (cpu, cuda, auto)")
+    return dev
+
+
+class RelevanceModel:
+    """Tokenizer + module on one device and precision; inference only."""
+
+    def __init__(
+        self,
+        module: BertForRelevance,
+        tokenizer: PairTokenizer,
+        device: str = "cpu",
+        dtype: str = "float32",
+        name: str = "qtrel",
+    ):
+        if dtype not in DTYPES:
+            raise ValueError(f"dtype must be one of {list(DTYPES)}, got {dtype!r}")
+        self.device = resolve_device(device)
+        if dtype == "float16" and self.device.type == "cpu":
+            raise ValueError("float16 runs on cuda only; on cpu use bfloat16 or int8")
+        if dtype == "int8" and self.device.type != "cpu":
+            raise ValueError("int8 dynamic quantisation runs on cpu only")
+        if tokenizer.vocab_size > module.cfg.vocab_size:
+            raise CheckpointError(
+                f"tokenizer has {tokenizer.vocab_size} tokens but the model embeds only {module.cfg.vocab_size}"
+            )
+        self.cfg: BertConfig = module.cfg
+        self.tokenizer = tokenizer
+        self.dtype = dtype
+        self.name = name
+        module = module.eval()
+        if dtype == "int8":
+            module = torch.ao.quantization.quantize_dynamic(module, {nn.Linear}, dtype=torch.qint8)
+        else:
+            module = module.to(self.device, DTYPES[dtype])
+        self.module = module
+        self.labels = self.cfg.labels
+        self._values = level_values(self.labels)
+
+    @classmethod
+    def load(
+        cls, path: str | Path, device: str = "cpu", dtype: str = "float32", max_length: int = 128
+    ) -> RelevanceModel:
+        path = Path(path)
+        module = load_module(path)
+        limit = min(max_length, module.cfg.max_position_embeddings)
+        tok = PairTokenizer.from_dir(path, max_length=limit)
+        return cls(module, tok, device=device, dtype=dtype, name=path.name)
+
+    @property
+    def max_length(self) -> int:
+        return self.tokenizer.max_length
+
+    def save(self, path: str | Path, dtype: torch.dtype | None = None) -> None:
+        if self.dtype == "int8":
+            raise ValueError("save the float model, not its int8 runtime form")
+        save_checkpoint(self.module, self.tokenizer, path, dtype)
+
+    # --- scoring -------------------------------------------------------------------------------
+    @torch.inference_mode()
+    def probs(
+        self,
+        input_ids: Sequence[Sequence[int]],
+        token_type_ids: Sequence[Sequence[int]],
+        head_mask: Tensor | None = None,
+    ) -> Tensor:
+        """One forward pass over a batch of encoded pairs -> (B, levels) float32 probabilities on cpu."""
+        ids, seg, mask = pad_batch(input_ids, token_type_ids, self.tokenizer.pad_id)
+        dev = self.device
+        logits, _ = self.module(ids.to(dev), seg.to(dev), mask.to(dev), head_mask)
+        return logits.float().softmax(-1).cpu()
+
+    def summarise(self, probs: Tensor) -> tuple[list[str], list[float]]:
+        """Predicted level labels and expected-level scores for (B, levels) probabilities."""
+        levels = [self.labels[i] for i in probs.argmax(-1).tolist()]
+        scores = (probs @ self._values).tolist()
+        return levels, scores
+
+    def encode(
+        self, pairs: Sequence[tuple[str, str]], truncation: Truncation = "only_second"
+    ) -> EncodedPairs:
+        return self.tokenizer.encode([q for q, _ in pairs], [t for _, t in pairs], truncation=truncation)
+
+    def predict(
+        self,
+        pairs: Sequence[tuple[str, str]],
+        truncation: Truncation = "only_second",
+        max_batch_tokens: int = 8192,
+        head_mask: Tensor | None = None,
+    ) -> list[PairScore]:
+        """Score pairs in length-sorted batches of at most `max_batch_tokens` padded tokens."""
+        enc = self.encode(pairs, truncation)
+        probs = torch.empty(len(enc), len(self.labels))
+        for batch in length_batches(enc.lengths, max_batch_tokens):
+            probs[batch] = self.probs(
+                [enc.input_ids[i] for i in batch], [enc.token_type_ids[i] for i in batch], head_mask
+            )
+        levels, scores = self.summarise(probs)
+        return [
+            PairScore(p, lv, s, n, tr)
+            for p, lv, s, n, tr in zip(probs.tolist(), levels, scores, enc.lengths, enc.truncated)
+        ]
+
+
+def length_batches(lengths: Sequence[int], max_batch_tokens: int, max_batch_size: int = 256) -> Iterable[list[int]]:
+    """Indices grouped by length so that longest x count stays within the token budget."""
+    order = sorted(range(len(lengths)), key=lengths.__getitem__)
+    batch: list[int] = []
+    for i in order:  # ascending: the newest item is the batch's longest
+        if batch and (lengths[i] * (len(batch) + 1) > max_batch_tokens or len(batch) >= max_batch_size):
+            yield batch
+            batch = []
+        batch.append(i)
+    if batch:
+        yield batch
+
+
+def new_from_encoder(
+    path: str | Path, labels: Sequence[str] = DEFAULT_LEVELS, seed: int = 0, max_length: int = 128
+) -> tuple[BertForRelevance, PairTokenizer]:
+    """A fresh relevance model: pretrained encoder from `path`, new seeded head (and pooler if the
+    encoder has none), labelled `labels`."""
+    path = Path(path)
+    encoder = load_module(path, num_labels_fallback=True)
+    cfg = encoder.cfg.with_labels(list(labels))
+    module = BertForRelevance(cfg, with_pooler=True)
+    module.init_weights(seed)
+    src = encoder.state_dict()
+    with torch.no_grad():
+        for k, v in module.state_dict().items():
+            if k in src and not k.startswith("classifier.") and src[k].shape == v.shape:
+                v.copy_(src[k])
+    tok = PairTokenizer.from_dir(path, max_length=min(max_length, cfg.max_position_embeddings))
+    return module, tok

@@ -1,0 +1,202 @@
+"""Pair tokenizer: `[CLS] query [SEP] title [SEP]` with segment ids 0/1, on Hugging Face `tokenizers`.
+
+Queries and titles are word-piece encoded separately (BERT's pre-tokenisation never crosses the
+pair boundary, so this equals encoding the pair), then truncated and framed here, which lets us keep
+the query whole by default, fall back when the query alone is too long, and report what was cut.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal, Sequence
+
+from tokenizers import Tokenizer, normalizers, pre_tokenizers
+from tokenizers.models import WordPiece
+
+Truncation = Literal["only_second", "longest_first"]
+TRUNCATIONS: tuple[str, ...] = ("only_second", "longest_first")
+SPECIAL_TOKENS_IN_PAIR = 3  # [CLS], [SEP], [SEP]
+
+
+class TokenizerError(ValueError):
+    """Missing or unusable tokenizer files, or input the tokenizer cannot encode."""
+
+
+@dataclass
+class EncodedPairs:
+    input_ids: list[list[int]]  # per pair, unpadded
+    token_type_ids: list[list[int]]
+    truncated: list[bool]
+
+    @property
+    def lengths(self) -> list[int]:
+        return [len(ids) for ids in self.input_ids]
+
+    def __len__(self) -> int:
+        return len(self.input_ids)
+
+
+def longest_first(n_query: int, n_title: int, budget: int) -> tuple[int, int]:
+    """Lengths kept by `tokenizers`' longest_first: the shorter side stays whole when it fits in half
+    the budget, otherwise both get half (the second side takes the odd token)."""
+    if n_query + n_title <= budget:
+        return n_query, n_title
+    swap = n_query > n_title
+    short, long_ = (n_title, n_query) if swap else (n_query, n_title)
+    if short > budget:
+        long_ = short
+    else:
+        long_ = max(short, budget - short)
+    if short + long_ > budget:
+        short = budget // 2
+        long_ = short + budget % 2
+    return (long_, short) if swap else (short, long_)
+
+
+class PairTokenizer:
+    def __init__(self, tokenizer: Tokenizer, max_length: int = 128):
+        self._tok = tokenizer
+        self._tok.no_truncation()
+        self._tok.no_padding()
+        vocab = tokenizer.get_vocab()
+        try:
+            self.cls_id, self.sep_id = vocab["[CLS]"], vocab["[SEP]"]
+        except KeyError as e:
+            raise TokenizerError(f"the vocabulary has no {e.args[0]} token") from None
+        self.pad_id = vocab.get("[PAD]", 0)
+        self.vocab_size = tokenizer.get_vocab_size()
+        if max_length < SPECIAL_TOKENS_IN_PAIR + 2:
+            raise TokenizerError(f"max_length {max_length} is too small for a pair")
+        self.max_length = max_length
+
+    # --- loading -----------------------------------------------------------------------------
+    @classmethod
+    def from_dir(cls, path: str | Path, max_length: int = 128) -> PairTokenizer:
+        """Load `tokenizer.json`, or build BERT's WordPiece tokenizer from `vocab.txt`."""
+        path = Path(path)
+        if (path / "tokenizer.json").is_file():
+            try:
+                tok = Tokenizer.from_file(str(path / "tokenizer.json"))
+            except Exception as e:  # tokenizers raises bare Exception on bad JSON
+                raise TokenizerError(f"cannot load {path / 'tokenizer.json'}: {e}") from e
+            return cls(tok, max_length)
+        if (path / "vocab.txt").is_file():
+            lowercase = True
+            cfg = path / "tokenizer_config.json"
+            if cfg.is_file():
+                lowercase = bool(json.loads(cfg.read_text(encoding="utf-8")).get("do_lower_case", True))
+            return cls(build_wordpiece(path / "vocab.txt", lowercase), max_length)
+        raise TokenizerError(f"{path} has neither tokenizer.json nor vocab.txt")
+
+    def save(self, path: str | Path) -> None:
+        path = Path(path)
+        tok = Tokenizer.from_str(self._tok.to_str())
+        tok.post_processor = _bert_post_processor(self.cls_id, self.sep_id)
+        tok.save(str(path / "tokenizer.json"))
+        vocab = sorted(self._tok.get_vocab().items(), key=lambda kv: kv[1])
+        (path / "vocab.txt").write_text("".join(t + "\n" for t, _ in vocab), encoding="utf-8")
+        (path / "tokenizer_config.json").write_text(
+            json.dumps(
+                {
+                    "tokenizer_class": "BertTokenizer",
+                    "do_lower_case": self.lowercase,
+                    "model_max_length": self.max_length,
+                    "cls_token": "[CLS]",
+                    "sep_token": "[SEP]",
+                    "pad_token": "[PAD]",
+                    "unk_token": "[UNK]",
+                    "mask_token": "[MASK]",
+                },
+                indent=2,
+            ),
+            encoding="utf-8",
+        )
+
+    @property
+    def lowercase(self) -> bool:
+        norm = json.loads(self._tok.to_str()).get("normalizer") or {}
+        return bool(norm.get("lowercase", False))
+
+    # --- encoding ----------------------------------------------------------------------------
+    def encode_texts(self, texts: Sequence[str]) -> list[list[int]]:
+        """Word-piece ids of each text, without special tokens or truncation."""
+        return [e.ids for e in self._tok.encode_batch(list(texts), add_special_tokens=False)]
+
+    def tokens(self, ids: Sequence[int]) -> list[str]:
+        return [self._tok.id_to_token(i) or "[UNK]" for i in ids]
+
+    def encode(
+        self,
+        queries: Sequence[str],
+        titles: Sequence[str],
+        max_length: int | None = None,
+        truncation: Truncation = "only_second",
+    ) -> EncodedPairs:
+        """Encode pairs; `max_length` defaults to the tokenizer's and never exceeds it."""
+        check_texts(queries, "query")
+        check_texts(titles, "title")
+        if len(queries) != len(titles):
+            raise TokenizerError(f"{len(queries)} queries but {len(titles)} titles")
+        if truncation not in TRUNCATIONS:
+            raise TokenizerError(f"truncation must be one of {TRUNCATIONS}, got {truncation!r}")
+        limit = self.max_length if max_length is None else min(max_length, self.max_length)
+        budget = limit - SPECIAL_TOKENS_IN_PAIR
+        if budget < 2:
+            raise TokenizerError(f"max_length {limit} is too small for a pair")
+        # One query against many titles is the common request: encode each distinct query once.
+        uniq = list(dict.fromkeys(queries))
+        qids = dict(zip(uniq, self.encode_texts(uniq)))
+        tids = self.encode_texts(titles)
+        out = EncodedPairs([], [], [])
+        for q, t in zip(queries, tids):
+            qi = qids[q]
+            nq, nt = len(qi), len(t)
+            if nq + nt > budget:
+                if truncation == "only_second" and nq < budget:
+                    nt = budget - nq
+                else:  # longest_first on request, or the query alone leaves no room for a title
+                    nq, nt = longest_first(nq, nt, budget)
+            out.input_ids.append([self.cls_id, *qi[:nq], self.sep_id, *t[:nt], self.sep_id])
+            out.token_type_ids.append([0] * (nq + 2) + [1] * (nt + 1))
+            out.truncated.append(nq < len(qi) or nt < len(t))
+        return out
+
+
+def check_texts(texts: Sequence[str], what: str) -> None:
+    if isinstance(texts, str):
+        raise TokenizerError(f"{what}s must be a list of strings, not one string")
+    for i, t in enumerate(texts):
+        if not isinstance(t, str):
+            raise TokenizerError(f"{what} {i} is {type(t).__name__}, not a string")
+        if not t.strip():
+            raise TokenizerError(f"{what} {i} is empty")
+
+
+def _bert_post_processor(cls_id: int, sep_id: int):
+    from tokenizers.processors import TemplateProcessing
+
+    return TemplateProcessing(
+        single="[CLS] $A [SEP]",
+        pair="[CLS] $A [SEP] $B:1 [SEP]:1",
+        special_tokens=[("[CLS]", cls_id), ("[SEP]", sep_id)],
+    )
+
+
+def build_wordpiece(vocab_file: str | Path, lowercase: bool) -> Tokenizer:
+    """BERT's basic + WordPiece tokenizer: clean text, split CJK characters, strip accents when
+    lower-casing, split on whitespace and punctuation, then greedy longest-match word pieces."""
+    vocab: dict[str, int] = {}
+    for i, line in enumerate(Path(vocab_file).read_text(encoding="utf-8").splitlines()):
+        vocab.setdefault(line.rstrip("\n"), i)
+    if "[UNK]" not in vocab:
+        raise TokenizerError(f"{vocab_file} has no [UNK] token")
+    tok = Tokenizer(WordPiece(vocab, unk_token="[UNK]", max_input_chars_per_word=100))
+    tok.normalizer = normalizers.BertNormalizer(
+        clean_text=True, handle_chinese_chars=True, strip_accents=None, lowercase=lowercase
+    )
+    tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    if "[CLS]" in vocab and "[SEP]" in vocab:
+        tok.post_processor = _bert_post_processor(vocab["[CLS]"], vocab["[SEP]"])
+    return tok

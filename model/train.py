@@ -1,0 +1,215 @@
+"""Fine-tuning: encoder and graded head together, cross-entropy, AdamW with linear warm-up and decay.
+
+Output is a Hugging Face-format checkpoint (the best one on the dev file) plus `training_args.json`;
+`<out>/last/` holds the state needed to resume after an interruption.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import random
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from model.bert import BertForRelevance
+from model.checkpoint import load_module, save_checkpoint
+from model.classifier import RelevanceModel, new_from_encoder
+from model.data import Dataset, read_labelled
+from model.evaluate import evaluate
+from model.tokenizer import PairTokenizer
+
+log = logging.getLogger("qtrel.train")
+
+# Metrics that select the best checkpoint, and whether higher is better.
+SELECT = {"qwk": True, "accuracy": True, "macro_f1": True, "ndcg@10": True, "rmse_level": False,
+          "rmse_relevance": False, "loss": False}
+
+
+@dataclass
+class TrainArgs:
+    train_file: str
+    base: str  # encoder checkpoint (new head) or a qtrel checkpoint (continue)
+    output_dir: str
+    dev_file: str | None = None
+    labels: list[str] = field(default_factory=lambda: ["1", "2", "3", "4", "5"])
+    label_column: str = "level"
+    label_map: dict[str, str] | None = None
+    epochs: float = 3.0
+    batch_size: int = 32
+    lr: float = 5e-5
+    weight_decay: float = 0.01
+    warmup_ratio: float = 0.06
+    max_grad_norm: float = 1.0
+    max_length: int = 128
+    seed: int = 42
+    eval_every: int = 0  # steps between dev evaluations; 0 = once per epoch
+    select: str = "qwk"
+    save_every: int = 200  # steps between resume snapshots
+    max_steps: int = 0  # stop early after this many steps (0 = no limit); for smoke runs
+    device: str = "cpu"
+    threads: int = 0  # torch threads; 0 = torch's default
+    progress: bool = True
+
+
+def length_sorted_batches(lengths: list[int], batch_size: int, rng: random.Random) -> list[list[int]]:
+    """Shuffle, sort within windows of 50 batches by length (little padding), shuffle the batches."""
+    order = list(range(len(lengths)))
+    rng.shuffle(order)
+    window = batch_size * 50
+    batches = []
+    for s in range(0, len(order), window):
+        chunk = sorted(order[s : s + window], key=lengths.__getitem__)
+        batches += [chunk[i : i + batch_size] for i in range(0, len(chunk), batch_size)]
+    rng.shuffle(batches)
+    return batches
+
+
+def _pad(enc_ids, enc_seg, idx, pad_id):
+    from model.classifier import pad_batch
+
+    return pad_batch([enc_ids[i] for i in idx], [enc_seg[i] for i in idx], pad_id)
+
+
+def _build(args: TrainArgs) -> tuple[BertForRelevance, PairTokenizer, str]:
+    base = Path(args.base)
+    try:
+        module = load_module(base)
+        if module.cfg.labels != list(args.labels):
+            raise ValueError(
+                f"{base} predicts {module.cfg.labels}, not {args.labels}; train from its encoder instead"
+            )
+        tok = PairTokenizer.from_dir(base, max_length=min(args.max_length, module.cfg.max_position_embeddings))
+        return module, tok, "continue"
+    except ValueError as e:
+        if "no classification head" not in str(e):
+            raise
+    module, tok = new_from_encoder(base, args.labels, seed=args.seed, max_length=args.max_length)
+    return module, tok, "new head"
+
+
+def train(args: TrainArgs) -> dict:
+    if args.select not in SELECT:
+        raise ValueError(f"--select must be one of {sorted(SELECT)}")
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    out = Path(args.output_dir)
+    last = out / "last"
+    resume = (last / "trainer_state.pt").is_file()
+    random.seed(args.seed)
+    torch.manual_seed(args.seed)
+
+    train_ds = read_labelled(args.train_file, args.labels, args.label_column, args.label_map)
+    dev_ds = read_labelled(args.dev_file, args.labels, args.label_column, args.label_map) if args.dev_file else None
+    log.info("train rows used: %d from %s%s", len(train_ds), args.train_file,
+             f"; dev rows: {len(dev_ds)}" if dev_ds else "")
+
+    if resume:
+        module = load_module(last)
+        tok = PairTokenizer.from_dir(last, max_length=args.max_length)
+        how = "resume"
+    else:
+        module, tok, how = _build(args)
+    device = torch.device(args.device)
+    module.to(device).train()
+
+    enc = tok.encode([e.query for e in train_ds.examples], [e.title for e in train_ds.examples])
+    labels = torch.tensor(train_ds.labels)
+    steps_per_epoch = math.ceil(len(train_ds) / args.batch_size)
+    total = math.ceil(args.epochs * steps_per_epoch)
+    if args.max_steps:
+        total = min(total, args.max_steps)
+    warmup = int(args.warmup_ratio * total)
+
+    no_decay = ("bias", "norm")
+    groups = [
+        {"params": [p for n, p in module.named_parameters() if not any(s in n for s in no_decay)],
+         "weight_decay": args.weight_decay},
+        {"params": [p for n, p in module.named_parameters() if any(s in n for s in no_decay)],
+         "weight_decay": 0.0},
+    ]
+    opt = torch.optim.AdamW(groups, lr=args.lr)
+    sched = torch.optim.lr_scheduler.LambdaLR(
+        opt, lambda s: s / max(1, warmup) if s < warmup else max(0.0, (total - s) / max(1, total - warmup))
+    )
+    state = {"step": 0, "best": None, "history": []}
+    if resume:
+        saved = torch.load(last / "trainer_state.pt", map_location="cpu", weights_only=True)
+        opt.load_state_dict(saved["optimizer"])
+        sched.load_state_dict(saved["scheduler"])
+        state = saved["state"]
+        torch.set_rng_state(saved["torch_rng"])
+        log.info("resuming at step %d of %d", state["step"], total)
+    log.info("model: %s (%s); %d steps (%d per epoch), warm-up %d", args.base, how, total, steps_per_epoch, warmup)
+
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "training_args.json").write_text(json.dumps(asdict(args), indent=2) + "\n")
+    loss_fn = nn.CrossEntropyLoss()
+    bar = None
+    if args.progress:
+        from tqdm import tqdm
+
+        bar = tqdm(total=total, initial=state["step"], unit="step", dynamic_ncols=True)
+    eval_every = args.eval_every or steps_per_epoch
+    t0, seen, ema = time.perf_counter(), 0, None
+
+    def snapshot() -> None:
+        save_checkpoint(module, tok, last)
+        torch.save({"optimizer": opt.state_dict(), "scheduler": sched.state_dict(), "state": state,
+                    "torch_rng": torch.get_rng_state()}, last / "trainer_state.pt")
+
+    def run_eval() -> None:
+        if dev_ds is None:
+            save_checkpoint(module, tok, out)
+            return
+        module.eval()
+        m = evaluate(RelevanceModel(module, tok, device=args.device), dev_ds)
+        module.train()
+        value = m[args.select]
+        better = state["best"] is None or (value > state["best"] if SELECT[args.select] else value < state["best"])
+        state["history"].append({"step": state["step"], **{k: v for k, v in m.items() if isinstance(v, float)}})
+        log.info("step %d dev: %s%s", state["step"],
+                 " ".join(f"{k}={v:.4f}" for k, v in m.items() if isinstance(v, float)),
+                 "  (best)" if better else "")
+        if better:
+            state["best"] = value
+            save_checkpoint(module, tok, out)
+            (out / "dev_metrics.json").write_text(json.dumps({"step": state["step"], **m}, indent=2) + "\n")
+
+    while state["step"] < total:
+        epoch = state["step"] // steps_per_epoch
+        batches = length_sorted_batches(enc.lengths, args.batch_size, random.Random(args.seed + epoch))
+        for idx in batches[state["step"] % steps_per_epoch :]:
+            ids, seg, mask = _pad(enc.input_ids, enc.token_type_ids, idx, tok.pad_id)
+            logits, _ = module(ids.to(device), seg.to(device), mask.to(device))
+            loss = loss_fn(logits.float(), labels[idx].to(device))
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(module.parameters(), args.max_grad_norm)
+            opt.step()
+            sched.step()
+            state["step"] += 1
+            seen += len(idx)
+            ema = loss.item() if ema is None else 0.98 * ema + 0.02 * loss.item()
+            state.setdefault("losses", []).append(round(loss.item(), 5))
+            if bar is not None:
+                bar.update(1)
+                bar.set_postfix(loss=f"{ema:.4f}", pairs_s=f"{seen / (time.perf_counter() - t0):.0f}",
+                                epoch=f"{state['step'] / steps_per_epoch:.2f}")
+            if state["step"] % eval_every == 0 or state["step"] == total:
+                run_eval()
+            if state["step"] % args.save_every == 0 or state["step"] == total:
+                snapshot()
+            if state["step"] >= total:
+                break
+    if bar is not None:
+        bar.close()
+    summary = {"steps": state["step"], "train_rows": len(train_ds), "best": state["best"],
+               "select": args.select, "history": state["history"], "seconds": time.perf_counter() - t0}
+    (out / "train_summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    return {**summary, "losses": state["losses"]}
