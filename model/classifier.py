@@ -7,9 +7,9 @@ a single number that ranks titles for a query.
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Sequence
 
 import torch
 from torch import Tensor, nn
@@ -125,17 +125,26 @@ class RelevanceModel:
 
     # --- scoring -------------------------------------------------------------------------------
     @torch.inference_mode()
+    def logits(
+        self,
+        input_ids: Sequence[Sequence[int]],
+        token_type_ids: Sequence[Sequence[int]],
+        head_mask: Tensor | None = None,
+    ) -> Tensor:
+        """One forward pass over a batch of encoded pairs -> (B, levels) float32 logits on cpu."""
+        ids, seg, mask = pad_batch(input_ids, token_type_ids, self.tokenizer.pad_id)
+        dev = self.device
+        logits, _ = self.module(ids.to(dev), seg.to(dev), mask.to(dev), head_mask)
+        return logits.float().cpu()
+
     def probs(
         self,
         input_ids: Sequence[Sequence[int]],
         token_type_ids: Sequence[Sequence[int]],
         head_mask: Tensor | None = None,
     ) -> Tensor:
-        """One forward pass over a batch of encoded pairs -> (B, levels) float32 probabilities on cpu."""
-        ids, seg, mask = pad_batch(input_ids, token_type_ids, self.tokenizer.pad_id)
-        dev = self.device
-        logits, _ = self.module(ids.to(dev), seg.to(dev), mask.to(dev), head_mask)
-        return logits.float().softmax(-1).cpu()
+        """(B, levels) float32 probabilities."""
+        return self.logits(input_ids, token_type_ids, head_mask).softmax(-1)
 
     def summarise(self, probs: Tensor) -> tuple[list[str], list[float]]:
         """Predicted level labels and expected-level scores for (B, levels) probabilities."""

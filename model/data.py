@@ -106,7 +106,7 @@ def read_labelled(
             rel = None
         ds.examples.append(Example(q, t, index[raw], rel))
     if errors:
-        more = " (stopped at the first %d)" % max_errors if len(errors) >= max_errors else ""
+        more = f" (stopped at the first {max_errors})" if len(errors) >= max_errors else ""
         raise DataError(f"{len(errors)} bad row(s) in {path}{more}:\n" + "\n".join(errors))
     if not ds.examples:
         raise DataError(f"{path}: no rows")

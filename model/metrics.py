@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from typing import Sequence
+from collections.abc import Sequence
 
 
 def confusion(y_true: Sequence[int], y_pred: Sequence[int], k: int) -> list[list[int]]:

@@ -8,9 +8,10 @@ the query whole by default, fall back when the query alone is too long, and repo
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal, Sequence
+from typing import Literal
 
 from tokenizers import Tokenizer, normalizers, pre_tokenizers
 from tokenizers.models import WordPiece
@@ -133,14 +134,18 @@ class PairTokenizer:
         titles: Sequence[str],
         max_length: int | None = None,
         truncation: Truncation = "only_second",
+        side: Literal["right", "left"] = "right",
     ) -> EncodedPairs:
-        """Encode pairs; `max_length` defaults to the tokenizer's and never exceeds it."""
+        """Encode pairs; `max_length` defaults to the tokenizer's and never exceeds it. `side` says
+        which end of a text is cut when it is truncated."""
         check_texts(queries, "query")
         check_texts(titles, "title")
         if len(queries) != len(titles):
             raise TokenizerError(f"{len(queries)} queries but {len(titles)} titles")
         if truncation not in TRUNCATIONS:
             raise TokenizerError(f"truncation must be one of {TRUNCATIONS}, got {truncation!r}")
+        if side not in ("right", "left"):
+            raise TokenizerError(f"side must be 'right' or 'left', got {side!r}")
         limit = self.max_length if max_length is None else min(max_length, self.max_length)
         budget = limit - SPECIAL_TOKENS_IN_PAIR
         if budget < 2:
@@ -158,7 +163,11 @@ class PairTokenizer:
                     nt = budget - nq
                 else:  # longest_first on request, or the query alone leaves no room for a title
                     nq, nt = longest_first(nq, nt, budget)
-            out.input_ids.append([self.cls_id, *qi[:nq], self.sep_id, *t[:nt], self.sep_id])
+            if side == "right":
+                qk, tk = qi[:nq], t[:nt]
+            else:
+                qk, tk = qi[len(qi) - nq :], t[len(t) - nt :]
+            out.input_ids.append([self.cls_id, *qk, self.sep_id, *tk, self.sep_id])
             out.token_type_ids.append([0] * (nq + 2) + [1] * (nt + 1))
             out.truncated.append(nq < len(qi) or nt < len(t))
         return out

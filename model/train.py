@@ -20,7 +20,7 @@ from torch import nn
 from model.bert import BertForRelevance
 from model.checkpoint import load_module, save_checkpoint
 from model.classifier import RelevanceModel, new_from_encoder
-from model.data import Dataset, read_labelled
+from model.data import read_labelled
 from model.evaluate import evaluate
 from model.tokenizer import PairTokenizer
 

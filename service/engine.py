@@ -1,0 +1,206 @@
+"""The engine joins tokenisation, the batcher and the worker behind one call: score these pairs.
+
+Tokenisation runs on its own thread, so it overlaps with the forward pass of the previous batch on
+the worker thread; the event loop only awaits.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from model.classifier import RelevanceModel, level_values
+from model.tokenizer import EncodedPairs
+from service.batcher import Batcher, Closed, DeadlineExceeded, Overloaded
+from service.errors import ErrorKind, ServiceError
+from service.metrics import Metrics
+from service.settings import Settings
+from service.worker import PairOutput, Worker, WorkerState
+
+log = logging.getLogger("qtrel.engine")
+
+
+def default_model_dir() -> Path:
+    """The model shipped inside the package (model/default)."""
+    import model
+
+    return Path(model.__file__).resolve().parent / "default"
+
+
+def resolve_model_dir(settings: Settings) -> Path:
+    if settings.model:
+        return Path(settings.model)
+    d = default_model_dir()
+    if not (d / "config.json").is_file():
+        raise FileNotFoundError(f"no --model given and the built-in default model is missing at {d}")
+    return d
+
+
+def resolve_dtype(settings: Settings, device: torch.device) -> str:
+    if settings.dtype != "auto":
+        return settings.dtype
+    return "float16" if device.type == "cuda" else "float32"
+
+
+@dataclass
+class Scored:
+    outputs: list[PairOutput]
+    enc: EncodedPairs
+
+
+class Engine:
+    def __init__(self, settings: Settings, metrics: Metrics):
+        self.settings = settings
+        self.metrics = metrics
+        self.model_dir = resolve_model_dir(settings)
+        self.draining = False
+        self.worker = Worker(self._load, warmup=settings.warmup, on_batch=metrics.inference_seconds.observe)
+        self.batcher: Batcher | None = None
+        self._tok_pool = ThreadPoolExecutor(1, thread_name_prefix="qtrel-tokenize")
+        self._values: torch.Tensor | None = None
+
+    def _load(self) -> RelevanceModel:
+        s = self.settings
+        if s.threads:
+            torch.set_num_threads(s.threads)
+        from model.classifier import resolve_device
+
+        device = resolve_device(s.device)
+        t0 = time.perf_counter()
+        m = RelevanceModel.load(self.model_dir, device=str(device), dtype=resolve_dtype(s, device),
+                                max_length=s.max_length)
+        log.info("loaded %s on %s/%s in %.2fs", self.model_dir, m.device, m.dtype, time.perf_counter() - t0)
+        return m
+
+    # --- lifecycle ----------------------------------------------------------------------------
+    async def start(self) -> None:
+        s = self.settings
+        self.batcher = Batcher(
+            self.worker.run,
+            max_batch_tokens=s.max_batch_tokens,
+            max_batch_size=s.max_batch_size,
+            max_wait_s=s.max_wait_ms / 1000,
+            max_queue_items=s.max_queue_pairs,
+            max_queue_tokens=s.max_queue_tokens,
+            observer=self.metrics,
+        )
+        self.batcher.start()
+        self.worker.start()
+        await self.worker.wait_ready()
+        if self.worker.state == WorkerState.READY:
+            m = self.model
+            self._values = level_values(m.labels)
+            self.metrics.model_info.labels(m.name, str(m.device), m.dtype, _version()).set(1)
+            self.metrics.ready.set(1)
+
+    @property
+    def model(self) -> RelevanceModel:
+        assert self.worker.model is not None
+        return self.worker.model
+
+    @property
+    def ready(self) -> bool:
+        return self.worker.state == WorkerState.READY and not self.draining
+
+    def readiness(self) -> tuple[bool, str]:
+        if self.draining:
+            return False, "draining"
+        if self.worker.state == WorkerState.FAILED:
+            return False, f"model failed to load: {self.worker.error}"
+        return self.worker.state == WorkerState.READY, self.worker.state.value
+
+    async def drain(self, timeout: float) -> None:
+        """Stop taking work; let admitted work finish (up to `timeout`)."""
+        self.draining = True
+        self.metrics.ready.set(0)
+        if self.batcher and not await self.batcher.drain(timeout):
+            log.warning("drain timed out with %d pairs outstanding", self.batcher.outstanding)
+
+    async def stop(self) -> None:
+        if self.batcher:
+            await self.batcher.stop()
+        await asyncio.to_thread(self.worker.stop)
+        self._tok_pool.shutdown(wait=False, cancel_futures=True)
+
+    # --- scoring ------------------------------------------------------------------------------
+    def _check_ready(self) -> None:
+        ok, why = self.readiness()
+        if not ok:
+            raise ServiceError(ErrorKind.NOT_READY, f"not ready: {why}", retry_after=1)
+
+    async def score(
+        self,
+        queries: list[str],
+        titles: list[str],
+        truncation: str = "only_second",
+        side: str = "right",
+        timeout_ms: int | None = None,
+        allow_truncation: bool = True,
+    ) -> Scored:
+        self._check_ready()
+        assert self.batcher is not None
+        deadline = time.monotonic() + (timeout_ms or self.settings.request_timeout_ms) / 1000
+        try:
+            self.batcher.check_admission(len(queries))  # refuse before spending work
+        except Overloaded as e:
+            self.metrics.rejected.labels("overloaded").inc()
+            raise ServiceError(ErrorKind.OVERLOADED, str(e), retry_after=e.retry_after) from None
+        except Closed as e:
+            raise ServiceError(ErrorKind.NOT_READY, str(e), retry_after=1) from None
+        t0 = time.perf_counter()
+        loop = asyncio.get_running_loop()
+        tok = self.model.tokenizer
+        enc = await loop.run_in_executor(
+            self._tok_pool, lambda: tok.encode(queries, titles, truncation=truncation, side=side)  # type: ignore[arg-type]
+        )
+        self.metrics.tokenize_seconds.observe(time.perf_counter() - t0)
+        if not allow_truncation and any(enc.truncated):
+            i = enc.truncated.index(True)
+            raise ServiceError(
+                ErrorKind.TOO_LARGE,
+                f"input {i} is longer than the model's {self.model.max_length} tokens; set truncate=true",
+            )
+        try:
+            futures = self.batcher.submit(list(zip(enc.lengths, zip(enc.input_ids, enc.token_type_ids))), deadline)
+        except Overloaded as e:
+            self.metrics.rejected.labels("overloaded").inc()
+            raise ServiceError(ErrorKind.OVERLOADED, str(e), retry_after=e.retry_after) from None
+        except Closed as e:
+            raise ServiceError(ErrorKind.NOT_READY, str(e), retry_after=1) from None
+        try:
+            outputs = await asyncio.gather(*futures)
+        except DeadlineExceeded:
+            self.metrics.rejected.labels("deadline").inc()
+            raise ServiceError(ErrorKind.TIMEOUT, "the request's deadline passed before it was scored") from None
+        except Closed as e:
+            raise ServiceError(ErrorKind.NOT_READY, str(e), retry_after=1) from None
+        except (asyncio.CancelledError, Exception) as e:
+            for f in futures:  # the caller left, or the batch failed: drop what is still queued
+                f.cancel()
+            if isinstance(e, asyncio.CancelledError):
+                raise
+            raise ServiceError(ErrorKind.BACKEND, f"inference failed: {type(e).__name__}: {e}") from e
+        self.metrics.pairs.inc(len(outputs))
+        labels = self.model.labels
+        for o in outputs:
+            self.metrics.levels.labels(labels[max(range(len(o.probs)), key=o.probs.__getitem__)]).inc()
+        return Scored(list(outputs), enc)
+
+    def expected(self, probs: list[float]) -> float:
+        assert self._values is not None
+        return float(sum(p * v for p, v in zip(probs, self._values.tolist())))
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("qtrel")
+    except PackageNotFoundError:
+        return "0+unknown"

@@ -1,0 +1,92 @@
+"""Errors: one exception type, one mapping from kind to status, one JSON shape.
+
+The shape is text-embeddings-inference's, `{"error": str, "error_type": str}`, so its clients work.
+"""
+
+from __future__ import annotations
+
+import logging
+from enum import Enum
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+log = logging.getLogger("qtrel.errors")
+
+
+class ErrorKind(str, Enum):
+    BAD_REQUEST = "bad_request"  # unreadable body: invalid JSON or UTF-8
+    VALIDATION = "validation"  # well-formed but wrong: types, empty texts, unknown options
+    TOO_LARGE = "payload_too_large"  # body, pair count or text length over a limit
+    NOT_FOUND = "not_found"
+    METHOD = "method_not_allowed"
+    TIMEOUT = "timeout"  # the request's deadline passed before its work ran
+    CLIENT_CLOSED = "client_closed"  # the client went away; nobody reads this answer
+    OVERLOADED = "overloaded"  # admission full: retry later
+    RATE_LIMITED = "rate_limited"
+    NOT_READY = "not_ready"  # loading, warming up or draining
+    BACKEND = "backend"  # the forward pass failed
+
+
+STATUS = {
+    ErrorKind.BAD_REQUEST: 400,
+    ErrorKind.VALIDATION: 422,
+    ErrorKind.TOO_LARGE: 413,
+    ErrorKind.NOT_FOUND: 404,
+    ErrorKind.METHOD: 405,
+    ErrorKind.TIMEOUT: 408,
+    ErrorKind.CLIENT_CLOSED: 499,
+    ErrorKind.OVERLOADED: 429,
+    ErrorKind.RATE_LIMITED: 429,
+    ErrorKind.NOT_READY: 503,
+    ErrorKind.BACKEND: 500,
+}
+
+
+class ServiceError(Exception):
+    def __init__(self, kind: ErrorKind, message: str, retry_after: float | None = None):
+        super().__init__(message)
+        self.kind = kind
+        self.message = message
+        self.retry_after = retry_after
+
+
+def error_response(kind: ErrorKind, message: str, retry_after: float | None = None) -> JSONResponse:
+    headers = {"Retry-After": str(max(1, round(retry_after)))} if retry_after is not None else None
+    return JSONResponse({"error": message, "error_type": kind.value}, status_code=STATUS[kind], headers=headers)
+
+
+def _validation_message(exc: RequestValidationError) -> tuple[ErrorKind, str]:
+    parts = []
+    for e in exc.errors():
+        if e.get("type") == "json_invalid":
+            return ErrorKind.BAD_REQUEST, f"body is not valid JSON: {e.get('ctx', {}).get('error', e['msg'])}"
+        loc = ".".join(str(x) for x in e.get("loc", ()) if x != "body")
+        msg = e["msg"].removeprefix("Value error, ")
+        parts.append(f"{loc}: {msg}" if loc else msg)
+    return ErrorKind.VALIDATION, "; ".join(parts[:10]) or "invalid request"
+
+
+def install(app: FastAPI) -> None:
+    @app.exception_handler(ServiceError)
+    async def _service(_: Request, exc: ServiceError):
+        return error_response(exc.kind, exc.message, exc.retry_after)
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation(_: Request, exc: RequestValidationError):
+        kind, msg = _validation_message(exc)
+        return error_response(kind, msg)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(_: Request, exc: StarletteHTTPException):
+        kind = {404: ErrorKind.NOT_FOUND, 405: ErrorKind.METHOD, 400: ErrorKind.BAD_REQUEST}.get(
+            exc.status_code, ErrorKind.BAD_REQUEST
+        )
+        return error_response(kind, str(exc.detail))
+
+    @app.exception_handler(Exception)
+    async def _unexpected(_: Request, exc: Exception):
+        log.exception("unhandled error")
+        return error_response(ErrorKind.BACKEND, f"internal error: {type(exc).__name__}")

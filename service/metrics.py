@@ -1,0 +1,61 @@
+"""Prometheus metrics, all prefixed `qtrel_`, on a registry owned by one app (no global state)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics, generate_latest
+
+# Millisecond-scale latencies: 1 ms .. 30 s.
+LATENCY = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.25, 0.4, 0.6, 1.0, 1.5, 2.5, 5.0, 10.0, 30.0)
+BATCH_PAIRS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
+BATCH_TOKENS = (64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768)
+RATIO = (0.0, 0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.8, 1.0)
+
+
+class Metrics:
+    def __init__(self) -> None:
+        disable_created_metrics()  # the *_created series only add noise to every scrape
+        r = self.registry = CollectorRegistry()
+        self.requests = Counter("qtrel_requests", "HTTP requests", ["route", "status"], registry=r)
+        self.request_seconds = Histogram(
+            "qtrel_request_duration_seconds", "HTTP request duration", ["route"], buckets=LATENCY, registry=r
+        )
+        self.queue_seconds = Histogram("qtrel_queue_seconds", "Time a pair waits in the queue", buckets=LATENCY,
+                                       registry=r)
+        self.tokenize_seconds = Histogram("qtrel_tokenize_seconds", "Tokenisation time per request",
+                                          buckets=LATENCY, registry=r)
+        self.inference_seconds = Histogram("qtrel_inference_seconds", "Forward pass time per batch",
+                                           buckets=LATENCY, registry=r)
+        self.batch_pairs = Histogram("qtrel_batch_pairs", "Pairs per batch", buckets=BATCH_PAIRS, registry=r)
+        self.batch_tokens = Histogram("qtrel_batch_tokens", "Padded tokens per batch (longest x pairs)",
+                                      buckets=BATCH_TOKENS, registry=r)
+        self.padding_ratio = Histogram("qtrel_batch_padding_ratio", "Share of a batch's tokens that are padding",
+                                       buckets=RATIO, registry=r)
+        self.queue_depth = Gauge("qtrel_queue_depth", "Pairs waiting in the queue", registry=r)
+        self.in_flight = Gauge("qtrel_pairs_in_flight", "Pairs admitted and not finished", registry=r)
+        self.pairs = Counter("qtrel_pairs", "Pairs scored", registry=r)
+        self.rejected = Counter("qtrel_rejected", "Requests refused or dropped, by reason", ["reason"], registry=r)
+        self.levels = Counter("qtrel_predicted_level", "Predicted levels", ["level"], registry=r)
+        self.ready = Gauge("qtrel_ready", "1 when the model is loaded, warmed up and not draining", registry=r)
+        self.model_info = Gauge("qtrel_model_info", "Model being served", ["model", "device", "dtype", "version"],
+                                registry=r)
+
+    # BatchObserver, called by the batcher
+    def queued(self, items: int, in_flight: int) -> None:
+        self.queue_depth.set(items)
+        self.in_flight.set(in_flight)
+
+    def dispatched(self, waits: Sequence[float], lengths: Sequence[int]) -> None:
+        for w in waits:
+            self.queue_seconds.observe(w)
+        padded = max(lengths) * len(lengths)
+        self.batch_pairs.observe(len(lengths))
+        self.batch_tokens.observe(padded)
+        self.padding_ratio.observe(1 - sum(lengths) / padded)
+
+    def dropped(self, reason: str, n: int) -> None:
+        self.rejected.labels(reason).inc(n)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

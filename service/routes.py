@@ -1,0 +1,159 @@
+"""HTTP routes. Each handler validates, submits to the engine and shapes the response."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Annotated
+
+from fastapi import APIRouter, Depends, Header, Request, Response
+from fastapi.responses import JSONResponse, PlainTextResponse
+
+from service.engine import Engine, Scored, _version
+from service.errors import ErrorKind, ServiceError
+from service.schemas import (
+    ErrorBody,
+    Info,
+    Prediction,
+    PredictRequest,
+    Rank,
+    RerankRequest,
+    ScoreRequest,
+    ScoreResponse,
+)
+from service.settings import Settings
+
+router = APIRouter()
+ERRORS = {c: {"model": ErrorBody} for c in (400, 408, 413, 422, 429, 499, 500, 503)}
+
+
+def get_engine(request: Request) -> Engine:
+    return request.state.engine
+
+
+EngineDep = Annotated[Engine, Depends(get_engine)]
+TimeoutHeader = Annotated[int | None, Header(alias="X-Request-Timeout-Ms", gt=0, le=3_600_000)]
+
+
+def check_limits(s: Settings, queries: list[str], titles: list[str]) -> None:
+    if len(titles) > s.max_pairs_per_request:
+        raise ServiceError(ErrorKind.TOO_LARGE, f"{len(titles)} pairs; at most {s.max_pairs_per_request} per request")
+    for what, texts in (("query", queries), ("title", titles)):
+        for i, t in enumerate(texts):
+            if len(t) > s.max_text_chars:
+                raise ServiceError(
+                    ErrorKind.TOO_LARGE, f"{what} {i} has {len(t)} characters; at most {s.max_text_chars}"
+                )
+
+
+async def score_watched(request: Request, engine: Engine, queries, titles, timeout_ms, **kw) -> Scored:
+    """Score, dropping the work if the client disconnects before it is done."""
+    check_limits(engine.settings, queries, titles)
+    task = asyncio.ensure_future(engine.score(queries, titles, timeout_ms=timeout_ms, **kw))
+    while True:
+        done, _ = await asyncio.wait({task}, timeout=0.1)
+        if done:
+            return task.result()
+        if await request.is_disconnected():
+            task.cancel()
+            engine.metrics.rejected.labels("disconnected").inc()
+            raise ServiceError(ErrorKind.CLIENT_CLOSED, "client closed the connection")
+
+
+def argmax(xs: list[float]) -> int:
+    return max(range(len(xs)), key=xs.__getitem__)
+
+
+@router.post("/score", response_model=ScoreResponse, responses=ERRORS, tags=["scoring"])
+async def score(body: ScoreRequest, request: Request, engine: EngineDep, timeout_ms: TimeoutHeader = None):
+    """Grade each (query, title) pair: level, expected-level score, probabilities per level."""
+    queries, titles = body.as_pairs()
+    scored = await score_watched(request, engine, queries, titles, timeout_ms, truncation=body.truncation)
+    labels = engine.model.labels
+    results = []
+    for i, (out, n, cut) in enumerate(zip(scored.outputs, scored.enc.lengths, scored.enc.truncated)):
+        r = {"index": i, "level": labels[argmax(out.probs)], "score": engine.expected(out.probs), "tokens": n,
+             "truncated": cut}
+        if body.return_probs:
+            r["probs"] = dict(zip(labels, out.probs))
+        results.append(r)
+    if body.top_n is not None:
+        results = sorted(results, key=lambda r: -r["score"])[: body.top_n]
+    return JSONResponse({"model": engine.model.name, "results": results})
+
+
+@router.post("/predict", response_model=list[Prediction] | list[list[Prediction]], responses=ERRORS,
+             tags=["text-embeddings-inference"])
+async def predict(body: PredictRequest, request: Request, engine: EngineDep, timeout_ms: TimeoutHeader = None):
+    """TEI-compatible: per input, every level with its probability (or logit with raw_scores), best first."""
+    queries, titles = body.as_pairs()
+    scored = await score_watched(
+        request, engine, queries, titles, timeout_ms, side=body.truncation_direction.lower(),
+        allow_truncation=bool(body.truncate),
+    )
+    labels = engine.model.labels
+    out = []
+    for o in scored.outputs:
+        vals = o.logits if body.raw_scores else o.probs
+        out.append(sorted(({"score": v, "label": lab} for v, lab in zip(vals, labels)), key=lambda p: -p["score"]))
+    return JSONResponse(out[0] if body.single else out)
+
+
+@router.post("/rerank", response_model=list[Rank], responses=ERRORS, tags=["text-embeddings-inference"])
+async def rerank(body: RerankRequest, request: Request, engine: EngineDep, timeout_ms: TimeoutHeader = None):
+    """TEI-compatible: texts ranked for the query by expected level, best first."""
+    scored = await score_watched(
+        request, engine, [body.query] * len(body.texts), body.texts, timeout_ms,
+        side=body.truncation_direction.lower(), allow_truncation=bool(body.truncate),
+    )
+    ranks = []
+    for i, o in enumerate(scored.outputs):
+        r = {"index": i, "score": engine.expected(o.probs)}
+        if body.return_text:
+            r["text"] = body.texts[i]
+        ranks.append(r)
+    return JSONResponse(sorted(ranks, key=lambda r: -r["score"]))
+
+
+# --- operations ----------------------------------------------------------------------------
+@router.get("/health/live", tags=["operations"])
+@router.get("/livez", include_in_schema=False)
+async def live(engine: EngineDep):
+    """200 while the process and its model worker are alive."""
+    if not engine.worker.alive():
+        raise ServiceError(ErrorKind.NOT_READY, f"worker is not running ({engine.worker.state.value})")
+    return {"status": "alive"}
+
+
+@router.get("/health/ready", tags=["operations"], responses={503: {"model": ErrorBody}})
+@router.get("/readyz", include_in_schema=False)
+async def ready(engine: EngineDep):
+    """200 once the model is loaded and warmed up; 503 before that and while draining."""
+    ok, why = engine.readiness()
+    if not ok:
+        raise ServiceError(ErrorKind.NOT_READY, f"not ready: {why}", retry_after=1)
+    return {"status": "ready"}
+
+
+@router.get("/metrics", tags=["operations"], response_class=PlainTextResponse)
+async def metrics(engine: EngineDep):
+    from prometheus_client import CONTENT_TYPE_LATEST
+
+    return Response(engine.metrics.render(), media_type=CONTENT_TYPE_LATEST)
+
+
+@router.get("/info", response_model=Info, tags=["operations"])
+async def info(engine: EngineDep):
+    """The model, its levels and limits, and the effective settings."""
+    m = engine.worker.model
+    s = engine.settings
+    return Info(
+        model_id=m.name if m else engine.model_dir.name,
+        model_path=str(engine.model_dir),
+        levels=m.labels if m else [],
+        max_length=m.max_length if m else s.max_length,
+        device=str(m.device) if m else s.device,
+        dtype=m.dtype if m else s.dtype,
+        version=_version(),
+        state=engine.readiness()[1],
+        settings=s.public(),
+    )

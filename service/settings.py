@@ -1,0 +1,48 @@
+"""Service settings: one frozen object; every field comes from `QTREL_<FIELD>` or the CLI."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="QTREL_", frozen=True, extra="ignore")
+
+    # --- model ---
+    model: str | None = Field(None, description="checkpoint directory; empty = the built-in default model")
+    device: str = Field("auto", description="cpu, cuda, cuda:N, or auto (cuda when available)")
+    dtype: Literal["auto", "float32", "bfloat16", "float16", "int8"] = Field(
+        "auto", description="precision; auto = float32 on cpu (see docs/benchmarks.md), float16 on cuda"
+    )
+    max_length: int = Field(128, ge=8, le=512, description="tokens per pair, special tokens included")
+    threads: int = Field(0, ge=0, description="torch intra-op threads; 0 = torch's default")
+    warmup: bool = Field(True, description="run warm-up forwards before reporting ready")
+
+    # --- HTTP ---
+    host: str = "0.0.0.0"
+    port: int = Field(8080, ge=0, le=65535)
+    log_level: str = "info"
+    log_json: bool = Field(True, description="one JSON object per log line")
+
+    # --- batching ---
+    max_batch_tokens: int = Field(8192, ge=64, description="padded tokens per forward (longest x pairs)")
+    max_batch_size: int = Field(128, ge=1, description="pairs per forward")
+    max_wait_ms: float = Field(2.0, ge=0, description="how long a batch may wait to fill")
+
+    # --- admission and limits ---
+    max_queue_pairs: int = Field(8192, ge=1, description="pairs accepted but not finished; beyond: 429")
+    max_queue_tokens: int = Field(524288, ge=64, description="tokens accepted but not finished; beyond: 429")
+    max_pairs_per_request: int = Field(2048, ge=1, description="beyond: 413")
+    max_text_chars: int = Field(2000, ge=1, description="characters per query or title; beyond: 413")
+    max_body_bytes: int = Field(4 * 1024 * 1024, ge=1024, description="request body size; beyond: 413")
+    request_timeout_ms: int = Field(30000, ge=1, description="default deadline; X-Request-Timeout-Ms overrides")
+    drain_timeout_s: float = Field(30.0, ge=0, description="on SIGTERM, how long in-flight work may take")
+
+    # --- explanations ---
+    explain_per_minute: int = Field(60, ge=0, description="/explain calls per minute (0 disables the route)")
+
+    def public(self) -> dict:
+        return self.model_dump()
