@@ -238,8 +238,12 @@ class LexicalBaseline:
             early_stopping=len(y) >= 1000, validation_fraction=s.validation_fraction,
             n_iter_no_change=20, random_state=s.seed,
         )
+        X = self.features(train.pairs)
+        # A feature that is undefined on every training row (no query has a number, say) makes the
+        # binning fail; as a constant it is simply never split on, whatever it is at prediction time.
+        X[:, np.isnan(X).all(axis=0)] = 0.0
         with threadpool_limits(self.threads):
-            self._clf.fit(self.features(train.pairs), y)
+            self._clf.fit(X, y)
         return self
 
     def fit_file(

@@ -61,7 +61,10 @@ def pad_batch(
 def resolve_device(device: str) -> torch.device:
     if device == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    dev = torch.device(device)
+    try:
+        dev = torch.device(device)
+    except RuntimeError:
+        raise ValueError(f"unsupported device {device!r} (cpu, cuda, cuda:N, auto)") from None
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise ValueError("device 'cuda' requested but CUDA is not available")
     if dev.type not in ("cpu", "cuda"):

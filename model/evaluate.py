@@ -14,7 +14,8 @@ def evaluate(model: RelevanceModel, ds: Dataset, max_batch_tokens: int = 8192) -
         queries=[e.query for e in ds.examples],
         y_true=ds.labels,
         y_pred=[index[p.level] for p in preds],
-        scores=[p.score for p in preds],
+        # Expected level on the 1..k rank scale, whatever the labels' own values.
+        scores=[sum((i + 1) * q for i, q in enumerate(p.probs)) for p in preds],
         k=len(model.labels),
         relevance=[e.relevance for e in ds.examples],
     )

@@ -6,8 +6,8 @@ Both take `results`, an ordered mapping from a system's name ("model", "baseline
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Mapping, Sequence
 
 # Headline metrics in report order, and whether higher is better.
 HEADLINE = {

@@ -177,6 +177,7 @@ class Batcher:
         self._outstanding_tokens -= sum(it.length for it in items)
         if self._outstanding_items == 0:
             self._idle.set()
+        self._obs.queued(len(self._pending), self._outstanding_items)
 
     def _prune(self) -> None:
         """Drop items whose caller left or whose deadline passed; they never reach the device."""
@@ -250,4 +251,3 @@ class Batcher:
                     inst = len(batch) / dt
                     self._rate = inst if self._rate == 0 else 0.8 * self._rate + 0.2 * inst
                 self._release(batch)
-                self._obs.queued(len(self._pending), self._outstanding_items)

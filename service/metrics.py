@@ -35,7 +35,9 @@ class Metrics:
         self.queue_depth = Gauge("qtrel_queue_depth", "Pairs waiting in the queue", registry=r)
         self.in_flight = Gauge("qtrel_pairs_in_flight", "Pairs admitted and not finished", registry=r)
         self.pairs = Counter("qtrel_pairs", "Pairs scored", registry=r)
-        self.rejected = Counter("qtrel_rejected", "Requests refused or dropped, by reason", ["reason"], registry=r)
+        self.rejected = Counter("qtrel_rejected", "Requests refused or abandoned, by reason", ["reason"], registry=r)
+        self.dropped_pairs = Counter("qtrel_dropped_pairs", "Queued pairs dropped before the device, by reason",
+                                     ["reason"], registry=r)
         self.levels = Counter("qtrel_predicted_level", "Predicted levels", ["level"], registry=r)
         self.ready = Gauge("qtrel_ready", "1 when the model is loaded, warmed up and not draining", registry=r)
         self.model_info = Gauge("qtrel_model_info", "Model being served", ["model", "device", "dtype", "version"],
@@ -55,7 +57,7 @@ class Metrics:
         self.padding_ratio.observe(1 - sum(lengths) / padded)
 
     def dropped(self, reason: str, n: int) -> None:
-        self.rejected.labels(reason).inc(n)
+        self.dropped_pairs.labels(reason).inc(n)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
