@@ -48,8 +48,11 @@ RUN set -eu; \
 # The package, its other dependencies and the default model inside it. A regular (not editable)
 # install: the runtime stage copies only /opt/venv, never the sources.
 COPY . /src
+# Readable by the runtime user whatever the build context's modes were (a checkpoint written with
+# private 0600 files, say): root owns the files, everyone may read them, no one else may write.
 RUN pip install /src \
-    && pip uninstall --yes pip
+    && pip uninstall --yes pip \
+    && chmod -R a+rX,go-w /opt/venv
 
 # ---------------------------------------------------------------------------------------------------
 FROM ${BASE_IMAGE} AS runtime

@@ -8,8 +8,8 @@
 # Debian bookworm base made locally with debootstrap (bookworm ships Python 3.11, like the default
 # python:3.11-slim-bookworm base), then the image is mounted and the service is started from it in a
 # chroot, as the image's user, with the image's environment, on loopback. It scores one pair, runs the
-# image's own HEALTHCHECK command, sends SIGTERM and checks that the process drains and exits.
-# It prints the image size, the time to ready and the time to exit.
+# image's own HEALTHCHECK command, puts a short load on it, sends SIGTERM and checks that the process
+# drains and exits. It prints the image size, the time to ready, memory, pairs/s and the time to exit.
 #
 # Needs: apt-get install -y podman debootstrap (and root). Slow (minutes): not part of CI.
 #
@@ -20,6 +20,11 @@
 #   DEBIAN_MIRROR       mirror for debootstrap (default http://deb.debian.org/debian)
 #   PIP_WHEELS          a folder of wheels the build may use besides the indexes (default /opt/wheels if
 #                       it exists), for sandboxes where the PyTorch index cannot be reached
+#   QTREL_VERIFY_MODEL  a checkpoint folder to serve instead of the model baked into the image, mounted
+#                       read-only at /tmp/model with QTREL_MODEL=/tmp/model (like docker run -v ... -e ...)
+#   LOAD_SECONDS        seconds of load after the first score, 0 for none (default 10), from
+#   LOAD_CLIENTS        concurrent clients (default 8) sending
+#   LOAD_PAIRS          titles per request (default 32): a smoke figure, not the benchmark
 #   BUILD_ONLY=1        stop after the build and the size report
 set -euo pipefail
 
@@ -30,6 +35,7 @@ TAG="${QTREL_VERIFY_TAG:-localhost/qtrel:cpu}"
 BASE="localhost/qtrel-base:bookworm"
 MIRROR="${DEBIAN_MIRROR:-http://deb.debian.org/debian}"
 WHEELS="${PIP_WHEELS:-/opt/wheels}"
+MODEL_DIR="${QTREL_VERIFY_MODEL:-}"
 
 say() { printf '\n== %s\n' "$*"; }
 die() { printf 'verify-image: %s\n' "$*" >&2; exit 1; }
@@ -84,8 +90,8 @@ pip_conf="$WORK/pip.conf"
 build_mounts+=(-v "$pip_conf:/etc/pip.conf:ro")
 [ -d "$WHEELS" ] && build_mounts+=(-v "$WHEELS:/wheels:ro")
 
-if [ ! -d "$ROOT/model/default" ]; then
-    printf 'verify-image: WARNING: %s/model/default is missing: the image will have no default model\n' "$ROOT" >&2
+if [ ! -d "$ROOT/model/default" ] && [ -z "$MODEL_DIR" ] && [ "${BUILD_ONLY:-0}" != 1 ]; then
+    die "$ROOT/model/default is missing, so the image has no default model: set QTREL_VERIFY_MODEL or BUILD_ONLY=1"
 fi
 
 say "podman build $TAG (base $BASE)"
@@ -126,14 +132,18 @@ trap cleanup EXIT
 # Run a command inside the image: private mount namespace with /proc, /dev and a writable /tmp,
 # the image's user, working folder and environment (plus QTREL_HOST/PORT for loopback), no host
 # environment. The network namespace is the host's, hence loopback.
+run_env=("${image_env[@]}" QTREL_HOST=127.0.0.1 QTREL_PORT="$PORT")
+[ -n "$MODEL_DIR" ] && run_env+=(QTREL_MODEL=/tmp/model)
 # shellcheck disable=SC2016  # the single-quoted scripts expand their own arguments, inside the namespace
 in_image() {
     unshare --mount -- sh -c '
-        mnt="$1"; shift
-        mount --bind /proc "$mnt/proc" && mount --bind /dev "$mnt/dev" && mount -t tmpfs tmpfs "$mnt/tmp"
-        exec "$@"' sh "$mnt" \
-        chroot --userspec="$user" "$mnt" /usr/bin/env -i "${image_env[@]}" \
-        QTREL_HOST=127.0.0.1 QTREL_PORT="$PORT" \
+        mnt="$1"; model="$2"; shift 2
+        mount --bind /proc "$mnt/proc" && mount --bind /dev "$mnt/dev" && mount -t tmpfs tmpfs "$mnt/tmp" || exit 1
+        if [ -n "$model" ]; then
+            mkdir "$mnt/tmp/model" && mount --bind -o ro "$model" "$mnt/tmp/model" || exit 1
+        fi
+        exec "$@"' sh "$mnt" "$MODEL_DIR" \
+        chroot --userspec="$user" "$mnt" /usr/bin/env -i "${run_env[@]}" \
         /bin/sh -c 'cd "$0" && exec "$@"' "$workdir" "$@"
 }
 
@@ -152,6 +162,12 @@ done
 [ -n "$ready" ] || { tail -50 "$WORK/serve.log"; die "not ready after 300s"; }
 ready_ms=$(ms_since "$t0")
 say "ready after ${ready_ms} ms"
+# unshare, sh, chroot, env and sh all exec, so the entrypoint process is the direct child of the
+# background subshell: the process a container runtime would signal as PID 1.
+target="$(pgrep -P "$server_pid" | head -1)"
+[ -n "$target" ] || die "cannot find the service process"
+rss_ready_mb=$(( $(ps -o rss= -p "$target") / 1024 ))
+echo "resident memory when ready: ${rss_ready_mb} MB"
 
 say "POST /score"
 body='{"query": "cordless drill", "titles": ["DEWALT 20-Volt MAX Lithium-Ion Cordless Drill/Driver Kit"]}'
@@ -160,15 +176,43 @@ answer="$(curl -sS --fail-with-body -H 'content-type: application/json' -d "$bod
 echo "$answer"
 curl -sS "$url/info"; echo
 
+if [ "${LOAD_SECONDS:-10}" -gt 0 ]; then
+    say "load: ${LOAD_CLIENTS:-8} clients x ${LOAD_PAIRS:-32} pairs per request for ${LOAD_SECONDS:-10}s"
+    python3 - "$url" "${LOAD_CLIENTS:-8}" "${LOAD_PAIRS:-32}" "${LOAD_SECONDS:-10}" <<'EOF' | tee "$WORK/load.out"
+import json, sys, time, urllib.request
+from concurrent.futures import ThreadPoolExecutor
+
+url, clients, pairs, seconds = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4])
+titles = [f"DEWALT 20-Volt MAX cordless drill driver kit with {i} bits and a carrying case" for i in range(pairs)]
+body = json.dumps({"query": "cordless drill with bits", "titles": titles}).encode()
+
+def client(_):
+    lat, end = [], time.monotonic() + seconds
+    while time.monotonic() < end:
+        t = time.monotonic()
+        req = urllib.request.Request(url + "/score", body, {"content-type": "application/json"})
+        with urllib.request.urlopen(req, timeout=60) as r:
+            r.read()
+        lat.append(time.monotonic() - t)
+    return lat
+
+t0 = time.monotonic()
+with ThreadPoolExecutor(clients) as pool:
+    lat = sorted(x for part in pool.map(client, range(clients)) for x in part)
+wall = time.monotonic() - t0
+q = lambda p: lat[min(len(lat) - 1, int(p * len(lat)))] * 1000
+print(f"requests {len(lat)}; pairs/s {len(lat) * pairs / wall:.0f}; "
+      f"latency p50 {q(0.5):.0f} ms, p99 {q(0.99):.0f} ms")
+EOF
+    rss_load_mb=$(( $(ps -o rss= -p "$target") / 1024 ))
+    echo "resident memory after load: ${rss_load_mb} MB"
+fi
+
 say "the image's HEALTHCHECK: ${healthcheck[*]}"
 [ "${healthcheck[0]:-}" = CMD ] || die "no exec-form HEALTHCHECK in the image"
 in_image "${healthcheck[@]:1}" && echo "healthcheck: healthy (exit 0)"
 
 say "SIGTERM: the service drains and exits"
-# unshare, sh, chroot, env and sh all exec, so the entrypoint process is the direct child of the
-# background subshell: signal it, as a container runtime signals PID 1.
-target="$(pgrep -P "$server_pid" | head -1)"
-[ -n "$target" ] || die "cannot find the service process"
 t0=$(date +%s%N)
 kill -TERM "$target"
 wait "$server_pid" && rc=0 || rc=$?
@@ -178,5 +222,9 @@ echo "exit status $rc after ${exit_ms} ms"
 tail -5 "$WORK/serve.log"
 
 say "summary"
-printf 'image %s: %s MB (base %s MB); build %ss; ready in %s ms; exit on SIGTERM in %s ms (status %s)\n' \
-    "$TAG" "$((size_bytes / 1000000))" "$((base_bytes / 1000000))" "$build_s" "$ready_ms" "$exit_ms" "$rc"
+printf 'image %s: %s MB (base %s MB); build %ss; ready in %s ms; RSS %s MB ready, %s MB after load\n' \
+    "$TAG" "$((size_bytes / 1000000))" "$((base_bytes / 1000000))" "$build_s" "$ready_ms" \
+    "$rss_ready_mb" "${rss_load_mb:-?}"
+[ -s "$WORK/load.out" ] && [ "${LOAD_SECONDS:-10}" -gt 0 ] && echo "load: $(cat "$WORK/load.out")"
+printf 'exit on SIGTERM in %s ms (status %s)\n' "$exit_ms" "$rc"
+[ "$rc" = 0 ] || die "the service exited with status $rc on SIGTERM"

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Static checks of the deployment files with the real tools, offline:
 #   hadolint       Dockerfile
-#   shellcheck     docker/*.sh
+#   ShellCheck     docker/*.sh
 #   kubectl kustomize + kubernetes-validate --strict   every kustomization under docker/k8s, rendered
-#   promtool       check config / check rules / test rules (alert unit tests)
+#   promtool       check config / check rules / test rules (alert unit tests) / the dashboard's PromQL
 #   check-jsonschema --builtin-schema vendor.compose-spec   docker/compose*.yaml
 #   python         the Grafana dashboard and provisioning parse
 #
@@ -78,26 +78,24 @@ if have promtool; then
     run "promtool check rules docker/prometheus/alerts.yml" promtool check rules docker/prometheus/alerts.yml
     run "promtool test rules docker/prometheus/alerts_test.yml" \
         promtool test rules docker/prometheus/alerts_test.yml
+    # Every query of the Grafana dashboard, parsed by Prometheus' own PromQL parser.
+    if "$PYTHON" -m tests.deploy.deployfiles dashboard-rules "$TMP/dashboard-rules.yml"; then
+        run "promtool check rules (the dashboard's queries)" promtool check rules "$TMP/dashboard-rules.yml"
+    else
+        failed+=("dashboard queries")
+    fi
     # Debian's promtool is built without Kubernetes service discovery; there, check the rest of the
     # in-cluster configuration with the discovery swapped for a static target.
     k8s_scrape=docker/k8s/monitoring/prometheus-scrape.yml
     if promtool check config "$k8s_scrape" >"$TMP/k8s-scrape.out" 2>&1; then
         run "promtool check config $k8s_scrape" true
     elif grep -q "kubernetes_sd_configs not found" "$TMP/k8s-scrape.out"; then
-        "$PYTHON" - "$k8s_scrape" "$TMP/k8s-scrape-static.yml" <<'EOF'
-import os, sys, yaml
-src, dst = sys.argv[1], sys.argv[2]
-cfg = yaml.safe_load(open(src))
-cfg["rule_files"] = [os.path.abspath(os.path.join(os.path.dirname(src), f)) for f in cfg.get("rule_files", [])]
-for job in cfg["scrape_configs"]:
-    if job.pop("kubernetes_sd_configs", None) is not None:
-        job["static_configs"] = [{"targets": ["127.0.0.1:8080"]}]
-yaml.safe_dump(cfg, open(dst, "w"))
-EOF
+        "$PYTHON" -m tests.deploy.deployfiles k8s-scrape-static "$TMP/k8s-scrape-static.yml"
         run "promtool check config $k8s_scrape (kubernetes_sd swapped for a static target: this promtool lacks it)" \
             promtool check config "$TMP/k8s-scrape-static.yml"
     else
-        run "promtool check config $k8s_scrape" cat "$TMP/k8s-scrape.out" --no-such-option
+        run "promtool check config $k8s_scrape" false
+        sed 's/^/   /' "$TMP/k8s-scrape.out"
     fi
 fi
 

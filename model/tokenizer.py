@@ -41,7 +41,7 @@ class EncodedPairs:
 
 def longest_first(n_query: int, n_title: int, budget: int) -> tuple[int, int]:
     """Lengths kept by `tokenizers`' longest_first: the shorter side stays whole when it fits in half
-    the budget, otherwise both get half (the second side takes the odd token)."""
+    the budget, otherwise both get half (the longer side, the title on a tie, takes the odd token)."""
     if n_query + n_title <= budget:
         return n_query, n_title
     swap = n_query > n_title
@@ -175,7 +175,8 @@ class PairTokenizer:
 
 def check_texts(texts: Sequence[str], what: str) -> None:
     if isinstance(texts, str):
-        raise TokenizerError(f"{what}s must be a list of strings, not one string")
+        plural = "queries" if what == "query" else f"{what}s"
+        raise TokenizerError(f"{plural} must be a list of strings, not one string")
     for i, t in enumerate(texts):
         if not isinstance(t, str):
             raise TokenizerError(f"{what} {i} is {type(t).__name__}, not a string")

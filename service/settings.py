@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -43,6 +43,16 @@ class Settings(BaseSettings):
 
     # --- explanations ---
     explain_per_minute: int = Field(60, ge=0, description="/explain calls per minute (0 disables the route)")
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Settings:
+        if self.max_batch_tokens < self.max_length:
+            raise ValueError(f"max_batch_tokens ({self.max_batch_tokens}) must hold one pair of max_length "
+                             f"({self.max_length})")
+        if self.max_pairs_per_request > self.max_queue_pairs:
+            raise ValueError("max_pairs_per_request must not exceed max_queue_pairs: such a request could never "
+                             "be admitted")
+        return self
 
     def public(self) -> dict:
         return self.model_dump()

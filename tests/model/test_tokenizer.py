@@ -71,8 +71,9 @@ def test_exact_fit_is_not_truncated(tok):
         (40, 10, (19, 10)),
         # Query exactly the budget: only_second would leave an empty title. Title 5 stays, query 24.
         (29, 5, (24, 5)),
-        # Both long: half each, the second side takes the odd token: 29 // 2 = 14, 14 + 1 = 15.
+        # Both long: half each, the longer side takes the odd token: 29 // 2 = 14, 14 + 1 = 15.
         (40, 60, (14, 15)),
+        (60, 40, (15, 14)),
     ],
 )
 def test_falls_back_to_longest_first_when_the_query_alone_is_too_long(tok, n_query, n_title, kept):
@@ -85,16 +86,18 @@ def test_falls_back_to_longest_first_when_the_query_alone_is_too_long(tok, n_que
 def test_longest_first_on_request(tok):
     enc = tok.encode([words(10)], [words(200, "b")], max_length=32, truncation="longest_first")
     q, t = split(tok, enc.input_ids[0])
-    assert (len(q), len(t)) == (10, 19)  # 10 <= 29 // 2... stays whole; the title takes 29 - 10
+    assert (len(q), len(t)) == (10, 19)  # the shorter query fits: whole; the title takes 29 - 10
     enc = tok.encode([words(20)], [words(200, "b")], max_length=32, truncation="longest_first")
     q, t = split(tok, enc.input_ids[0])
-    assert (len(q), len(t)) == (14, 15)  # 20 > 29 - 20: half each, odd token to the title
+    assert (len(q), len(t)) == (14, 15)  # 20 + 20 > 29: half each, the odd token to the longer title
 
 
 @pytest.fixture(scope="module")
 def library_tokenizer() -> Tokenizer:
     """MiniLM's tokenizer.json as the `tokenizers` library runs it (its post-processor adds 3 tokens)."""
-    return Tokenizer.from_file(str(minilm_dir() / "tokenizer.json"))
+    lib = Tokenizer.from_file(str(minilm_dir() / "tokenizer.json"))
+    lib.no_padding()  # the file pads to 128
+    return lib
 
 
 def library_lengths(lib: Tokenizer, n_query: int, n_title: int, budget: int) -> tuple[int, int]:

@@ -1,0 +1,16 @@
+"""Settings shared by the model tests."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+
+@pytest.fixture(scope="package", autouse=True)
+def one_torch_thread():
+    """One torch thread: the model tests run small batches, and on a 2-core machine shared with other
+    work a second OpenMP thread mostly waits for the first (measured: about 3x slower with two)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
