@@ -63,15 +63,20 @@ class SelfAttention(nn.Module):
         self.value = nn.Linear(cfg.hidden_size, inner)
         self.out = nn.Linear(inner, cfg.hidden_size)
         self.dropout_p = cfg.attention_probs_dropout_prob
+        self.qkv: nn.Module | None = None  # fused q/k/v projection, set by pack_for_cpu() for inference
 
     def forward(
         self, x: Tensor, bias: Tensor, head_mask: Tensor | None, return_probs: bool
     ) -> tuple[Tensor, Tensor | None]:
         B, T, _ = x.shape
         nh, hs = len(self.heads), self.head_size
-        q = self.query(x).view(B, T, nh, hs).transpose(1, 2)  # (B, nh, T, hs)
-        k = self.key(x).view(B, T, nh, hs).transpose(1, 2)
-        v = self.value(x).view(B, T, nh, hs).transpose(1, 2)
+        if self.qkv is not None:
+            q, k, v = self.qkv(x).split(nh * hs, dim=-1)
+        else:
+            q, k, v = self.query(x), self.key(x), self.value(x)
+        q = q.view(B, T, nh, hs).transpose(1, 2)  # (B, nh, T, hs)
+        k = k.view(B, T, nh, hs).transpose(1, 2)
+        v = v.view(B, T, nh, hs).transpose(1, 2)
         drop = self.dropout_p if self.training else 0.0
         probs = None
         if return_probs:
@@ -86,12 +91,54 @@ class SelfAttention(nn.Module):
         return self.out(ctx), probs
 
 
+class PackedLinear(nn.Module):
+    """Inference-only linear layer on oneDNN with the weight pre-packed once, optionally with the
+    activation fused into the same kernel. On CPU this reaches about twice the matmul throughput of
+    torch's default float32 path (see docs/benchmarks.md)."""
+
+    def __init__(self, weight: Tensor, bias: Tensor, act: str = "none", algorithm: str = ""):
+        super().__init__()
+        self.out_features = weight.shape[0]
+        self.weight = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), 256)
+        self.bias = bias.detach()
+        self.act, self.algorithm = act, algorithm
+
+    def forward(self, x: Tensor) -> Tensor:
+        return torch.ops.mkldnn._linear_pointwise(x, self.weight, self.bias, self.act, [], self.algorithm)
+
+
+def can_pack(dtype: torch.dtype) -> bool:
+    return torch.backends.mkldnn.is_available() and dtype in (torch.float32, torch.bfloat16)
+
+
+@torch.no_grad()
+def pack_for_cpu(model: nn.Module) -> None:
+    """Swap the encoder's linear layers for pre-packed oneDNN ones (fused q/k/v, GELU fused into the
+    feed-forward's first matmul). Inference only: packed weights are not trained or saved."""
+    for layer in model.modules():
+        if not isinstance(layer, Layer):
+            continue
+        a = layer.attn
+        a.qkv = PackedLinear(torch.cat([a.query.weight, a.key.weight, a.value.weight]),
+                             torch.cat([a.query.bias, a.key.bias, a.value.bias]))
+        a.out = PackedLinear(a.out.weight, a.out.bias)
+        del a.query, a.key, a.value
+        fused = {"gelu": "none", "gelu_new": "tanh", "gelu_pytorch_tanh": "tanh"}.get(layer.act_name)
+        if fused is not None:
+            layer.up = PackedLinear(layer.up.weight, layer.up.bias, "gelu", fused)
+            layer.act = nn.Identity()
+        else:
+            layer.up = PackedLinear(layer.up.weight, layer.up.bias)
+        layer.down = PackedLinear(layer.down.weight, layer.down.bias)
+
+
 class Layer(nn.Module):
     def __init__(self, cfg: BertConfig, heads: list[int]):
         super().__init__()
         self.attn = SelfAttention(cfg, heads)
         self.attn_norm = nn.LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps)
         self.up = nn.Linear(cfg.hidden_size, cfg.intermediate_size)
+        self.act_name = cfg.hidden_act
         self.act = activation(cfg.hidden_act)
         self.down = nn.Linear(cfg.intermediate_size, cfg.hidden_size)
         self.ffn_norm = nn.LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps)

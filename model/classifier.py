@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
-from model.bert import BertForRelevance
+from model.bert import BertForRelevance, can_pack, pack_for_cpu
 from model.checkpoint import CheckpointError, load_module, save_checkpoint
 from model.config import BertConfig
 from model.tokenizer import EncodedPairs, PairTokenizer, Truncation
@@ -82,7 +82,10 @@ class RelevanceModel:
         device: str = "cpu",
         dtype: str = "float32",
         name: str = "qtrel",
+        fast: bool = False,
     ):
+        """`fast` packs the linear layers for oneDNN (cpu, float32/bfloat16): the module is then
+        inference-only and cannot be saved or trained."""
         if dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {list(DTYPES)}, got {dtype!r}")
         self.device = resolve_device(device)
@@ -103,27 +106,31 @@ class RelevanceModel:
             module = torch.ao.quantization.quantize_dynamic(module, {nn.Linear}, dtype=torch.qint8)
         else:
             module = module.to(self.device, DTYPES[dtype])
+        self.packed = fast and dtype != "int8" and self.device.type == "cpu" and can_pack(DTYPES[dtype])
+        if self.packed:
+            pack_for_cpu(module)
         self.module = module
         self.labels = self.cfg.labels
         self._values = level_values(self.labels)
 
     @classmethod
     def load(
-        cls, path: str | Path, device: str = "cpu", dtype: str = "float32", max_length: int = 128
+        cls, path: str | Path, device: str = "cpu", dtype: str = "float32", max_length: int = 128, fast: bool = True
     ) -> RelevanceModel:
         path = Path(path)
         module = load_module(path)
         limit = min(max_length, module.cfg.max_position_embeddings)
         tok = PairTokenizer.from_dir(path, max_length=limit)
-        return cls(module, tok, device=device, dtype=dtype, name=path.name)
+        name = str(module.cfg.extra.get("qtrel_model_id") or path.name)
+        return cls(module, tok, device=device, dtype=dtype, name=name, fast=fast)
 
     @property
     def max_length(self) -> int:
         return self.tokenizer.max_length
 
     def save(self, path: str | Path, dtype: torch.dtype | None = None) -> None:
-        if self.dtype == "int8":
-            raise ValueError("save the float model, not its int8 runtime form")
+        if self.dtype == "int8" or self.packed:
+            raise ValueError("save the float model, not its packed or int8 runtime form (load with fast=False)")
         save_checkpoint(self.module, self.tokenizer, path, dtype)
 
     # --- scoring -------------------------------------------------------------------------------

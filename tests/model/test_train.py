@@ -27,7 +27,8 @@ def head_lines(src: Path, dst: Path, n: int) -> Path:
 @pytest.fixture(scope="module")
 def data(tmp_path_factory) -> tuple[Path, Path]:
     d = tmp_path_factory.mktemp("data")
-    return head_lines(HOMEDEPOT / "train.csv", d / "train.csv", 256), head_lines(HOMEDEPOT / "dev.csv", d / "dev.csv", 64)
+    train_file = head_lines(HOMEDEPOT / "train.csv", d / "train.csv", 256)
+    return train_file, head_lines(HOMEDEPOT / "dev.csv", d / "dev.csv", 64)
 
 
 def args(base: Path, data, out: Path, **kw) -> TrainArgs:
