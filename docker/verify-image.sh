@@ -129,7 +129,8 @@ cleanup() {
 }
 trap cleanup EXIT
 
-# Run a command inside the image: private mount namespace with /proc, /dev and a writable /tmp,
+# Run a command inside the image: private mount namespace with /proc, /dev and a writable /tmp on the
+# read-only image (as with readOnlyRootFilesystem in the manifests),
 # the image's user, working folder and environment (plus QTREL_HOST/PORT for loopback), no host
 # environment. The network namespace is the host's, hence loopback.
 run_env=("${image_env[@]}" QTREL_HOST=127.0.0.1 QTREL_PORT="$PORT")

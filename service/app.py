@@ -13,6 +13,7 @@ from fastapi import FastAPI
 from service import errors
 from service.engine import Engine, _version
 from service.errors import ErrorKind, error_response
+from service.explain import install_explain
 from service.logs import request_id
 from service.metrics import Metrics
 from service.routes import router
@@ -144,5 +145,6 @@ def create_app(settings: Settings | None = None, lifecycle: Lifecycle | None = N
     )
     errors.install(app)
     app.include_router(router)
+    install_explain(app, settings)
     app.add_middleware(EdgeMiddleware, metrics=metrics, max_body_bytes=settings.max_body_bytes)
     return app

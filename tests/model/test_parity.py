@@ -40,7 +40,21 @@ def checkpoint(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def ours(checkpoint) -> RelevanceModel:
+    """Loaded as the service loads it: linear layers pre-packed for oneDNN where the CPU allows."""
     return RelevanceModel.load(checkpoint)
+
+
+@pytest.fixture(scope="module")
+def ours_unpacked(checkpoint) -> RelevanceModel:
+    """Plain torch linear layers: the form that trains and saves."""
+    model = RelevanceModel.load(checkpoint, fast=False)
+    assert not model.packed
+    return model
+
+
+@pytest.fixture(scope="module")
+def both(ours, ours_unpacked) -> dict[str, RelevanceModel]:
+    return {"packed": ours, "unpacked": ours_unpacked}
 
 
 @pytest.fixture(scope="module")
@@ -71,24 +85,28 @@ def batches(ours, pairs) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]
 
 
 @pytest.fixture(scope="module")
-def differences(ours, reference, batches) -> dict[str, float]:
-    """Largest absolute differences from the reference over every pair: logits of both our paths, and
-    the attention probabilities of our plain path (compared batch by batch, not kept: they are large).
-    Attention rows of padding queries are left out: nothing reads them, and float error grows there."""
-    worst = {"fast": 0.0, "plain": 0.0, "attention": 0.0, "pairs": 0}
+def differences(both, reference, batches) -> dict[str, float]:
+    """Largest absolute differences from the reference over every pair, for the packed and the unpacked
+    model: logits of both attention paths, and the attention probabilities of the plain path (compared
+    batch by batch, not kept: they are large). Attention rows of padding queries are left out: nothing
+    reads them, and float error grows there."""
+    worst = {f"{form} {what}": 0.0 for form in both for what in ("fast", "plain", "attention")}
+    worst["pairs"] = 0
     with torch.inference_mode():
         for ids, seg, mask in batches:
             ref = reference(input_ids=ids, token_type_ids=seg, attention_mask=mask, output_attentions=True)
-            fast, none = ours.module(ids, seg, mask)
-            plain, attentions = ours.module(ids, seg, mask, output_attentions=True)
-            assert none is None
-            assert len(attentions) == len(ref.attentions) == 6
-            worst["fast"] = max(worst["fast"], (fast - ref.logits).abs().max().item())
-            worst["plain"] = max(worst["plain"], (plain - ref.logits).abs().max().item())
-            real_rows = mask[:, None, :, None]  # (B, 1, T, 1): rows of padding positions are never read
-            for a, r in zip(attentions, ref.attentions, strict=True):
-                assert a.shape == r.shape  # (B, nh, T, T)
-                worst["attention"] = max(worst["attention"], ((a - r) * real_rows).abs().max().item())
+            real_rows = mask[:, None, :, None]  # (B, 1, T, 1)
+            for form, model in both.items():
+                fast, none = model.module(ids, seg, mask)
+                plain, attentions = model.module(ids, seg, mask, output_attentions=True)
+                assert none is None
+                assert len(attentions) == len(ref.attentions) == 6
+                worst[f"{form} fast"] = max(worst[f"{form} fast"], (fast - ref.logits).abs().max().item())
+                worst[f"{form} plain"] = max(worst[f"{form} plain"], (plain - ref.logits).abs().max().item())
+                for a, r in zip(attentions, ref.attentions, strict=True):
+                    assert a.shape == r.shape  # (B, nh, T, T)
+                    d = ((a - r) * real_rows).abs().max().item()
+                    worst[f"{form} attention"] = max(worst[f"{form} attention"], d)
             worst["pairs"] += len(ids)
     return worst
 
@@ -163,17 +181,20 @@ def test_reference_reads_the_tokenizer_we_save(checkpoint, hf_tokenizer, pairs):
 
 
 # --- forward passes -------------------------------------------------------------------------------
-def test_fast_path_logits_match_reference(differences):
+@pytest.mark.parametrize("form", ["packed", "unpacked"])
+def test_fast_path_logits_match_reference(differences, form):
     assert differences["pairs"] == 700
-    assert differences["fast"] < LOGIT_ATOL
+    assert differences[f"{form} fast"] < LOGIT_ATOL
 
 
-def test_plain_path_logits_match_reference(differences):
-    assert differences["plain"] < LOGIT_ATOL
+@pytest.mark.parametrize("form", ["packed", "unpacked"])
+def test_plain_path_logits_match_reference(differences, form):
+    assert differences[f"{form} plain"] < LOGIT_ATOL
 
 
-def test_plain_path_attention_probabilities_match_reference(differences):
-    assert differences["attention"] < ATTN_ATOL
+@pytest.mark.parametrize("form", ["packed", "unpacked"])
+def test_plain_path_attention_probabilities_match_reference(differences, form):
+    assert differences[f"{form} attention"] < ATTN_ATOL
 
 
 def silence_heads_in_reference(reference, heads: dict[int, list[int]]):
@@ -203,23 +224,26 @@ def unmasked(reference, pairs, ours) -> torch.Tensor:
     [{0: [0]}, {2: [5], 4: [0, 11]}, {3: list(range(12))}, {0: list(range(12)), 5: [3]}],
     ids=["L0H0", "L2H5+L4H0,11", "all-of-L3", "all-of-L0+L5H3"],
 )
-def test_head_mask_equals_reference_with_silenced_heads(ours, reference, pairs, unmasked, heads):
-    ids, seg, mask = first_batch(pairs, ours)
+def test_head_mask_equals_reference_with_silenced_heads(both, reference, pairs, unmasked, heads):
+    ids, seg, mask = first_batch(pairs, both["packed"])
     head_mask = torch.ones(6, 12)
     for layer, hh in heads.items():
         head_mask[layer, hh] = 0
     silenced = silence_heads_in_reference(reference, heads)
     with torch.inference_mode():
         want = silenced(input_ids=ids, token_type_ids=seg, attention_mask=mask).logits
-        fast, _ = ours.module(ids, seg, mask, head_mask)
-        plain, _ = ours.module(ids, seg, mask, head_mask, output_attentions=True)
     assert (want - unmasked).abs().max() > 1e-3  # the mask matters, so the comparison means something
-    torch.testing.assert_close(fast, want, atol=LOGIT_ATOL, rtol=0)
-    torch.testing.assert_close(plain, want, atol=LOGIT_ATOL, rtol=0)
+    for model in both.values():
+        with torch.inference_mode():
+            fast, _ = model.module(ids, seg, mask, head_mask)
+            plain, _ = model.module(ids, seg, mask, head_mask, output_attentions=True)
+        torch.testing.assert_close(fast, want, atol=LOGIT_ATOL, rtol=0)
+        torch.testing.assert_close(plain, want, atol=LOGIT_ATOL, rtol=0)
 
 
 # --- checkpoints across the two implementations ---------------------------------------------------
-def test_transformers_loads_our_checkpoint_without_gaps(checkpoint, ours, pairs, tmp_path):
+def test_transformers_loads_our_checkpoint_without_gaps(ours_unpacked, pairs, tmp_path):
+    ours = ours_unpacked
     ours.save(tmp_path / "resaved")
     model, info = transformers.BertForSequenceClassification.from_pretrained(
         tmp_path / "resaved", attn_implementation="eager", output_loading_info=True
