@@ -21,7 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, model_
 from model.explain import explain_pair
 from service.errors import ErrorKind, ServiceError
 from service.routes import ERRORS, EngineDep, check_limits
-from service.schemas import Text
+from service.schemas import ErrorBody, Text
 from service.settings import Settings
 
 VIEW = Path(__file__).resolve().parent / "static" / "explain.html"
@@ -126,7 +126,7 @@ def explain_router(settings: Settings) -> APIRouter:
         if limiter is None:
             raise ServiceError(ErrorKind.NOT_FOUND, "explanations are disabled on this server (explain_per_minute=0)")
 
-    @router.post("/explain", response_model=ExplainResponse, responses=ERRORS)
+    @router.post("/explain", response_model=ExplainResponse, responses={**ERRORS, 404: {"model": ErrorBody}})
     async def explain(body: ExplainRequest, engine: EngineDep):
         """Attention per layer and head, the heads that match identical query and title tokens, and
         each token's share of the score by occlusion. Rate-limited (explain_per_minute)."""
@@ -153,7 +153,7 @@ def explain_router(settings: Settings) -> APIRouter:
         content = await asyncio.to_thread(json.dumps, out, separators=(",", ":"))
         return Response(content, media_type="application/json")
 
-    @router.get("/explain/view", response_class=HTMLResponse)
+    @router.get("/explain/view", response_class=HTMLResponse, responses={404: {"model": ErrorBody}})
     async def explain_view():
         """A page with a form that draws an explanation: attention between query and title tokens for
         one layer and head, [CLS] attention, occlusion attribution, the level's probabilities."""

@@ -9,6 +9,7 @@ import zlib
 from pathlib import Path
 from urllib.parse import urlencode
 
+import numpy as np
 import pytest
 
 from tests.service.conftest import live_server
@@ -28,8 +29,8 @@ def chromium(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
     return subprocess.run(cmd, capture_output=True, text=True, timeout=90)
 
 
-def decode_png(data: bytes) -> tuple[int, int, list[bytes]]:
-    """Width, height and rows of RGB(A) pixels of an 8-bit, non-interlaced PNG (what Chromium writes)."""
+def decode_png(data: bytes) -> np.ndarray:
+    """(height, width, 3) RGB pixels of an 8-bit, non-interlaced RGB or RGBA PNG (what Chromium writes)."""
     assert data[:8] == b"\x89PNG\r\n\x1a\n", "not a PNG"
     pos, idat, head = 8, [], None
     while pos < len(data):
@@ -45,28 +46,30 @@ def decode_png(data: bytes) -> tuple[int, int, list[bytes]]:
     w, h, depth, colour, _, _, interlace = head
     assert depth == 8 and colour in (2, 6) and interlace == 0, f"unsupported PNG {head}"
     bpp = 3 if colour == 2 else 4
-    raw = zlib.decompress(b"".join(idat))
-    stride = w * bpp
-    rows, prev = [], bytearray(stride)
+    raw = np.frombuffer(zlib.decompress(b"".join(idat)), np.uint8).reshape(h, 1 + w * bpp)
+    out = np.zeros((h, w * bpp), np.uint8)
+    prev = np.zeros(w * bpp, np.int64)
     for y in range(h):
-        f, line = raw[y * (stride + 1)], bytearray(raw[y * (stride + 1) + 1 : (y + 1) * (stride + 1)])
-        for i in range(stride):
-            a = line[i - bpp] if i >= bpp else 0
-            b = prev[i]
-            c = prev[i - bpp] if i >= bpp else 0
-            if f == 1:
-                line[i] = (line[i] + a) & 0xFF
-            elif f == 2:
-                line[i] = (line[i] + b) & 0xFF
-            elif f == 3:
-                line[i] = (line[i] + (a + b) // 2) & 0xFF
-            elif f == 4:
-                p = a + b - c
-                pa, pb, pc = abs(p - a), abs(p - b), abs(p - c)
-                line[i] = (line[i] + (a if pa <= pb and pa <= pc else b if pb <= pc else c)) & 0xFF
-        rows.append(bytes(line) if bpp == 3 else bytes(v for k, v in enumerate(line) if k % 4 != 3))
-        prev = line
-    return w, h, rows
+        f, line = raw[y, 0], raw[y, 1:].astype(np.int64)
+        if f == 1:  # sub: a running sum along the row, per channel
+            line = line.reshape(w, bpp).cumsum(0).reshape(-1)
+        elif f == 2:  # up
+            line = line + prev
+        elif f in (3, 4):  # average, Paeth: byte by byte, on plain ints (numpy scalars are slow)
+            cur, up = line.tolist(), prev.tolist()
+            for i in range(w * bpp):
+                a = cur[i - bpp] if i >= bpp else 0
+                b, c = up[i], (up[i - bpp] if i >= bpp else 0)
+                if f == 3:
+                    cur[i] = (cur[i] + (a + b) // 2) & 0xFF
+                else:
+                    p = a + b - c
+                    pa, pb, pc = abs(p - a), abs(p - b), abs(p - c)
+                    cur[i] = (cur[i] + (a if pa <= pb and pa <= pc else b if pb <= pc else c)) & 0xFF
+            line = np.array(cur, np.int64)
+        prev = line & 0xFF
+        out[y] = prev
+    return out.reshape(h, w, bpp)[:, :, :3]
 
 
 @pytest.fixture(scope="module")
@@ -86,7 +89,7 @@ def test_view_draws_the_explanation(server, tmp_path):
     html = dom.stdout
     assert 'id="error" role="alert"></div>' in html  # no error shown
     assert html.count("<line ") > 3  # attention lines between query and title tokens
-    assert ">dewalt<" in html and ">cordless<" in html  # tokens drawn in the SVG
+    assert ">drill<" in html and ">kit<" in html  # tokens drawn in the SVG
     assert html.count('class="prob') == 5  # one bar per level
 
 
@@ -95,11 +98,11 @@ def test_screenshot_shows_the_rendered_attention(server, tmp_path):
     url = view_url(server, query="cordless drill", title="dewalt 20v max cordless drill kit")
     out = chromium(tmp_path, f"--screenshot={png}", url)
     assert out.returncode == 0 and png.is_file(), out.stderr[-2000:]
-    w, h, rows = decode_png(png.read_bytes())
-    assert (w, h) == (WIDTH, HEIGHT)
-    pixels = [row[i : i + 3] for row in rows for i in range(0, len(row), 3)]
-    assert len(set(pixels)) > 200, "the page looks blank"
-    assert pixels.count(bytes(PROB_BAR)) > 50, "no probability bars: the explanation was not drawn"
+    rgb = decode_png(png.read_bytes())
+    assert rgb.shape == (HEIGHT, WIDTH, 3)
+    colours = rgb.reshape(-1, 3)
+    assert len(np.unique(colours, axis=0)) > 200, "the page looks blank"
+    assert (colours == PROB_BAR).all(1).sum() > 50, "no probability bars: the explanation was not drawn"
 
 
 def test_view_shows_the_error_of_a_refused_request(server, tmp_path):
