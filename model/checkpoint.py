@@ -180,6 +180,7 @@ def save_checkpoint(module: BertForRelevance, tokenizer, path: str | Path, dtype
             v = v.to(dtype)
         state[k] = v.contiguous()
     save_file(state, str(path / "model.safetensors"), metadata={"format": "pt"})
+    (path / "model.safetensors").chmod(0o644)  # safetensors writes 0600: unreadable to a non-root server
     cfg = module.cfg.to_dict()
     cfg["torch_dtype"] = str(dtype or torch.float32).removeprefix("torch.")
     (path / "config.json").write_text(json.dumps(cfg, indent=2) + "\n", encoding="utf-8")
