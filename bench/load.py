@@ -209,19 +209,19 @@ def cpu_seconds(pid: int) -> float:
 async def scenario(name: str, base: str, bodies: list[Body], a, server_pid: int | None, *, clients: int = 0,
                    rate: float = 0.0, metrics: bool = True) -> dict:
     """Run one scenario: closed loop with `clients`, or open loop at `rate`; summarise its window."""
-    async with Http(clients or 512) as http:
+    async with Http(clients or 512) as http, Http(1) as control:  # scrapes never wait behind the load
         t0 = time.perf_counter()
         start, end = t0 + a.warmup, t0 + a.warmup + a.seconds
         run = closed_loop(http, base + "/score", bodies, clients, end) if clients else \
             open_loop(http, base + "/score", bodies, rate, end, 512)
         task = asyncio.ensure_future(run)
         await asyncio.sleep(a.warmup)
-        before = metrics_of(await http.get_text(base + "/metrics")) if metrics else {}
         cpu0 = (time.process_time(), cpu_seconds(server_pid) if server_pid else 0.0)
+        before = metrics_of(await control.get_text(base + "/metrics")) if metrics else {}
         records = await task
         wall = time.perf_counter() - start
         cpu = (time.process_time() - cpu0[0], (cpu_seconds(server_pid) - cpu0[1]) if server_pid else None)
-        after = metrics_of(await http.get_text(base + "/metrics")) if metrics else {}
+        after = metrics_of(await control.get_text(base + "/metrics")) if metrics else {}
     done = [r for r in records if r[3] == 200 and start <= r[1] <= end]
     lat = sorted(1000 * (r[1] - r[0]) for r in records if r[3] == 200 and start <= r[0] < end)
     errors: dict[str, int] = {}

@@ -91,6 +91,14 @@ def ours_to_hf(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return out
 
 
+def _file_name(key: str) -> str:
+    """The Hugging Face name of one of our keys, as the user sees it in the checkpoint file."""
+    if key.startswith("classifier."):
+        return key
+    hf = _translate(key.removeprefix("bert."), _OURS_TO_HF)
+    return "bert." + hf if hf else key
+
+
 def read_weights(path: Path) -> dict[str, torch.Tensor]:
     """Tensors of a checkpoint directory: safetensors first; a .bin only through weights_only."""
     st, pt = path / "model.safetensors", path / "pytorch_model.bin"
@@ -110,10 +118,10 @@ def load_state(
     """Copy `state` into `model`; every problem is collected and named in one error.
     `allow_missing` lists key prefixes that may be absent (a fresh head being built)."""
     expected = model.state_dict()
-    missing = [k for k in expected if k not in state and not k.startswith(allow_missing)]
-    unexpected = [k for k in state if k not in expected]
+    missing = [_file_name(k) for k in expected if k not in state and not k.startswith(allow_missing)]
+    unexpected = [_file_name(k) for k in state if k not in expected]
     shapes = [
-        f"{k}: checkpoint {tuple(v.shape)} vs model {tuple(expected[k].shape)}"
+        f"{_file_name(k)}: checkpoint {tuple(v.shape)} vs model {tuple(expected[k].shape)}"
         for k, v in state.items()
         if k in expected and v.shape != expected[k].shape
     ]

@@ -41,7 +41,7 @@ class Dataset:
 def _rows(path: Path):
     """(line number, dict) per record."""
     if path.suffix in (".jsonl", ".json"):
-        with path.open(encoding="utf-8") as f:
+        with path.open(encoding="utf-8-sig") as f:
             for n, line in enumerate(f, 1):
                 if not line.strip():
                     continue
@@ -52,7 +52,7 @@ def _rows(path: Path):
                     continue
                 yield n, row if isinstance(row, dict) else ValueError("not a JSON object")
     else:
-        with path.open(encoding="utf-8", newline="") as f:
+        with path.open(encoding="utf-8-sig", newline="") as f:
             reader = csv.DictReader(f)
             for row in reader:
                 yield reader.line_num, row

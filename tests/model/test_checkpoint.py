@@ -55,7 +55,7 @@ def test_the_tiny_checkpoint_loads(tiny_checkpoint):
 
 def test_missing_tensor_is_named(ckpt):
     edit_weights(ckpt, lambda s: s.pop(QUERY_BIAS))
-    with pytest.raises(CheckpointError, match=r"missing: bert\.layers\.1\.attn\.key\.bias"):
+    with pytest.raises(CheckpointError, match=r"missing: bert\.encoder\.layer\.1\.attention\.self\.key\.bias"):
         RelevanceModel.load(ckpt)
 
 
@@ -64,7 +64,7 @@ def test_every_missing_tensor_is_named(ckpt):
     edit_weights(ckpt, lambda s: [s.pop(k) for k in gone])
     with pytest.raises(CheckpointError) as e:
         RelevanceModel.load(ckpt)
-    for name in ("classifier.bias", "bert.pooler.dense.bias", "bert.layers.1.attn.key.bias"):
+    for name in ("classifier.bias", "bert.pooler.dense.bias", "bert.encoder.layer.1.attention.self.key.bias"):
         assert name in str(e.value)
 
 
@@ -78,7 +78,7 @@ def test_unknown_extra_tensor_is_named(ckpt):
 def test_extra_layer_is_named(ckpt):
     # A well-formed name, but for a third layer the config does not have.
     edit_weights(ckpt, lambda s: s.update({"bert.encoder.layer.2.output.dense.weight": torch.zeros(32, 64)}))
-    with pytest.raises(CheckpointError, match=r"unexpected: bert\.layers\.2\.down\.weight"):
+    with pytest.raises(CheckpointError, match=r"unexpected: bert\.encoder\.layer\.2\.output\.dense\.weight"):
         RelevanceModel.load(ckpt)
 
 
@@ -92,7 +92,7 @@ def test_wrong_shape_is_named_with_both_shapes(ckpt):
         RelevanceModel.load(ckpt)
     msg = str(e.value)
     assert "classifier.weight: checkpoint (3, 32) vs model (5, 32)" in msg
-    assert "bert.layers.0.attn.query.weight: checkpoint (32, 16) vs model (32, 32)" in msg
+    assert "bert.encoder.layer.0.attention.self.query.weight: checkpoint (32, 16) vs model (32, 32)" in msg
 
 
 def test_all_problems_in_one_error(ckpt):
@@ -105,9 +105,18 @@ def test_all_problems_in_one_error(ckpt):
     with pytest.raises(CheckpointError) as e:
         RelevanceModel.load(ckpt)
     msg = str(e.value)
-    assert "missing: bert.layers.1.attn.key.bias" in msg
-    assert "unexpected: bert.layers.2.down.bias" in msg
+    assert "missing: bert.encoder.layer.1.attention.self.key.bias" in msg
+    assert "unexpected: bert.encoder.layer.2.output.dense.bias" in msg
     assert "classifier.bias: checkpoint (7,) vs model (5,)" in msg
+
+
+def test_csv_with_byte_order_mark_reads(tmp_path):
+    from model.data import read_labelled
+
+    f = tmp_path / "bom.csv"
+    f.write_text("query,title,level\ndrill,cordless drill,5\n", encoding="utf-8-sig")
+    ds = read_labelled(f, ["1", "2", "3", "4", "5"])
+    assert ds.examples[0].query == "drill" and ds.labels == [4]
 
 
 def test_position_ids_buffer_is_ignored(ckpt):
