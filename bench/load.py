@@ -297,7 +297,7 @@ def render(r: dict) -> str:
         f"a separate client process ({r['http_client']}); each scenario {r['warmup']:g} s warm-up + {r['seconds']:g} "
         "s measured. Latency per request; padding and batch size from the server's /metrics over the window. "
         "Offline = RelevanceModel.predict on the same pairs in this run (length-sorted, 8192-token batches).", "",
-        *machine_lines(r["machine"], r["command"]), f"- model: `{r['model']}`", "",
+        *machine_lines(r["machine"], r["command"]), f"- model: `{r['model']}`; server: {r['server']}", "",
         "| scenario | pairs/s | offline pairs/s | % of offline | p50 ms | p95 ms | p99 ms | mean batch pairs "
         "| mean padding | client / server cores | errors |",
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
@@ -379,7 +379,8 @@ def main() -> int:
     md, js = output_paths("load", a.quick)
     report = {"machine": machine(), "command": command_line(), "model": str(a.model), "threads": a.threads,
               "seconds": a.seconds, "warmup": a.warmup, "load_fraction": a.load_fraction, "offline": offline,
-              "http_client": Http(1).kind, "quick": a.quick}
+              "http_client": Http(1).kind, "quick": a.quick,
+              "server": f"--url {base} (its own settings)" if a.url else "started by this script"}
     with tempfile.TemporaryDirectory(prefix="qtrel-load-") as tmp:
         if a.url:
             report["scenarios"] = asyncio.run(drive_qtrel(base, a, bodies_a, bodies_b, None))
@@ -401,6 +402,8 @@ def main() -> int:
                        f"Pools: (a), (c), (d) cycle through the first {len(pairs_a)} dev pairs; (b) through "
                        f"{len(bodies_b)} dev queries, each with its own titles repeated up to {a.titles}.",
                        "(c) latency is measured from each request's scheduled arrival (no coordinated omission).",
+                       "(d) answers each request with its own forward on FastAPI's thread pool (several at once), "
+                       f"torch threads = {a.threads}, the same checkpoint in transformers (sdpa, float32).",
                        "Client and server share this machine's cores; their CPU use is in the table."]
     if a.quick:
         report["notes"].append("--quick smoke run: tiny sizes, numbers are not benchmarks.")

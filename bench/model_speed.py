@@ -6,7 +6,7 @@ that machine noise falls on all of them alike; a system's figure is the median o
 float32 matmul peak of this machine is measured in the same run, and each forward's FLOPs come from the
 model shapes and the padded token counts, so every system also gets a "fraction of peak".
 
-  python bench/model_speed.py                       # full run, results into docs/benchmarks.md
+  python bench/model_speed.py                       # full run (tens of minutes on 2 cores), into docs/benchmarks.md
   python bench/model_speed.py --quick --model DIR   # smoke run, results under /tmp/qtrel-bench-quick
 """
 
@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import csv
 import gc
+import logging
 import statistics
 import tempfile
 import time
@@ -108,7 +109,9 @@ def ours(path: Path, dtype: str, fast: bool) -> System:
 
 def hf_model(path: Path, attn: str):
     from transformers import BertForSequenceClassification
+    from transformers.utils import logging as hf_logging
 
+    hf_logging.disable_progress_bar()
     return BertForSequenceClassification.from_pretrained(str(path), attn_implementation=attn).float().eval()
 
 
@@ -361,6 +364,8 @@ def main() -> int:
     if a.quick:
         a.pairs, a.base_pairs, a.repeats = min(a.pairs, 64), min(a.base_pairs, 32), 1
     torch.set_num_threads(a.threads)
+    warnings.filterwarnings("ignore", category=UserWarning, module=r"torch\.ao")  # int8's deprecation notice
+    logging.getLogger("torch.onnx").setLevel(logging.ERROR)  # the exporter's notes on torchvision ops
     md, js = output_paths("model_speed", a.quick)
     report = {"machine": machine(), "command": command_line(), "threads": a.threads, "repeats": a.repeats,
               "quick": a.quick, "models": []}
@@ -375,7 +380,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="qtrel-bench-") as tmp:
         work = Path(tmp)
         small = a.model or minilm_checkpoint(work / "minilm-seeded")
-        small_label = (f"(a) {a.model.name} (trained checkpoint)" if a.model
+        small_label = (f"(a) {a.model} (--model)" if a.model
                        else "(a) MiniLM-L6 (H384, 6 layers) + seeded 5-level head")
         (work / "a").mkdir()
         report["models"].append(bench_model(small_label, small, a.pairs, a, peak["peak_gflops"], work / "a", True))
