@@ -1,0 +1,43 @@
+"""Settings: environment, CLI flags, consistency checks."""
+
+from __future__ import annotations
+
+import pytest
+from pydantic import ValidationError
+
+from service.cli import main
+from service.settings import Settings
+
+
+def test_every_field_comes_from_the_environment(monkeypatch):
+    monkeypatch.setenv("QTREL_MAX_BATCH_TOKENS", "4096")
+    monkeypatch.setenv("QTREL_MAX_WAIT_MS", "7.5")
+    monkeypatch.setenv("QTREL_LOG_JSON", "false")
+    monkeypatch.setenv("QTREL_MODEL", "/models/x")
+    s = Settings()
+    assert s.max_batch_tokens == 4096 and s.max_wait_ms == 7.5 and s.log_json is False and s.model == "/models/x"
+
+
+def test_settings_are_frozen_and_checked():
+    s = Settings()
+    with pytest.raises(ValidationError):
+        s.port = 1  # type: ignore[misc]
+    with pytest.raises(ValidationError, match="max_batch_tokens"):
+        Settings(max_batch_tokens=64, max_length=128)
+    with pytest.raises(ValidationError, match="max_pairs_per_request"):
+        Settings(max_pairs_per_request=100, max_queue_pairs=10)
+    with pytest.raises(ValidationError):
+        Settings(dtype="float64")
+
+
+def test_cli_rejects_bad_settings_cleanly(capsys):
+    assert main(["serve", "--max-batch-tokens", "not-a-number"]) == 2
+    assert "invalid settings" in capsys.readouterr().err
+
+
+def test_cli_flags_cover_every_setting(capsys):
+    with pytest.raises(SystemExit):
+        main(["serve", "--help"])
+    text = capsys.readouterr().out
+    for name in Settings.model_fields:
+        assert "--" + name.replace("_", "-") in text, name
