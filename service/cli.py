@@ -298,6 +298,31 @@ def _cmd_prune(a) -> int:
     return 0
 
 
+def _add_export(sub) -> None:
+    p = sub.add_parser("export", help="re-save a checkpoint (e.g. as float16 weights) under a model id")
+    p.add_argument("model", help="checkpoint directory")
+    p.add_argument("out", help="output directory")
+    p.add_argument("--dtype", choices=["float32", "float16", "bfloat16"], default="float16",
+                   help="storage precision of the weights (the model still runs in the precision asked at load)")
+    p.add_argument("--model-id", help="name reported by the service (config key qtrel_model_id)")
+
+
+def _cmd_export(a) -> int:
+    from dataclasses import replace
+
+    import torch
+
+    from model.checkpoint import load_module, save_checkpoint
+    from model.tokenizer import PairTokenizer
+
+    module = load_module(a.model)
+    if a.model_id:
+        module.cfg = replace(module.cfg, extra={**module.cfg.extra, "qtrel_model_id": a.model_id})
+    save_checkpoint(module, PairTokenizer.from_dir(a.model), a.out, dtype=getattr(torch, a.dtype))
+    print(json.dumps({"out": a.out, "dtype": a.dtype, "model_id": a.model_id}))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="qtrel", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -307,6 +332,7 @@ def main(argv: list[str] | None = None) -> int:
     _add_baseline(sub)
     _add_heads(sub)
     _add_prune(sub)
+    _add_export(sub)
     a = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     from model.checkpoint import CheckpointError
@@ -314,7 +340,7 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         return {"serve": _cmd_serve, "train": _cmd_train, "eval": _cmd_eval, "baseline": _cmd_baseline,
-                "heads": _cmd_heads, "prune": _cmd_prune}[a.command](a)
+                "heads": _cmd_heads, "prune": _cmd_prune, "export": _cmd_export}[a.command](a)
     except (DataError, CheckpointError) as e:
         print(f"qtrel {a.command}: {e}", file=sys.stderr)
         return 2
