@@ -87,14 +87,18 @@ def query_bodies(rows: list[dict], n_queries: int, n_titles: int) -> tuple[list[
     return bodies, pairs
 
 
-def offline_pairs_per_s(model_dir: Path, pair_sets: dict[str, list], threads: int, repeats: int) -> dict:
+def offline_pairs_per_s(model_dir: Path, pair_sets: dict[str, list], threads: int, repeats: int,
+                        dtype: str = "auto") -> dict:
     """In-process RelevanceModel.predict over each pair set: one warm-up pass, median of the repeats."""
     import torch
 
     from model.classifier import RelevanceModel
+    from service.engine import resolve_dtype
+    from service.settings import Settings
 
     torch.set_num_threads(threads)
-    m = RelevanceModel.load(model_dir)
+    m = RelevanceModel.load(model_dir, dtype=resolve_dtype(Settings(dtype=dtype), torch.device("cpu")))
+    print(f"offline: {m.dtype}")
     out = {}
     for name, pairs in pair_sets.items():
         m.predict(pairs)
@@ -279,10 +283,10 @@ class Server:
         return "\n".join(self.log.read_text(errors="replace").splitlines()[-20:])
 
 
-def qtrel_command(model_dir: Path, port: int, threads: int) -> list[str]:
+def qtrel_command(model_dir: Path, port: int, threads: int, dtype: str = "auto") -> list[str]:
     exe = Path(sys.executable).with_name("qtrel")
     return [str(exe) if exe.exists() else "qtrel", "serve", "--model", str(model_dir), "--host", "127.0.0.1",
-            "--port", str(port), "--threads", str(threads), "--log-level", "warning"]
+            "--port", str(port), "--threads", str(threads), "--dtype", dtype, "--log-level", "warning"]
 
 
 # --- report --------------------------------------------------------------------------------------
@@ -348,6 +352,7 @@ def main() -> int:
     p.add_argument("--model", type=Path, help="checkpoint directory (default: the built-in model)")
     p.add_argument("--url", help="target this running server (loopback only) instead of starting one")
     p.add_argument("--threads", type=int, default=2, help="torch intra-op threads of the server and offline runs")
+    p.add_argument("--dtype", default="auto", help="precision of the server and the offline run (as QTREL_DTYPE)")
     p.add_argument("--seconds", type=float, default=20.0, help="measured seconds per scenario")
     p.add_argument("--warmup", type=float, default=3.0, help="seconds per scenario before measuring")
     p.add_argument("--pairs", type=int, default=4000, help="dev pairs cycled through by one-pair requests")
@@ -375,9 +380,10 @@ def main() -> int:
     bodies_a, pairs_a = one_pair_bodies(rows, a.pairs)
     bodies_b, pairs_b = query_bodies(rows, a.queries, a.titles)
     offline = offline_pairs_per_s(a.model, {"one pair": pairs_a, "query x titles": pairs_b}, a.threads,
-                                  a.offline_repeats)
+                                  a.offline_repeats, a.dtype)
     md, js = output_paths("load", a.quick)
     report = {"machine": machine(), "command": command_line(), "model": str(a.model), "threads": a.threads,
+              "dtype": a.dtype,
               "seconds": a.seconds, "warmup": a.warmup, "load_fraction": a.load_fraction, "offline": offline,
               "http_client": Http(1).kind, "quick": a.quick,
               "server": f"--url {base} (its own settings)" if a.url else "started by this script"}
@@ -385,7 +391,7 @@ def main() -> int:
         if a.url:
             report["scenarios"] = asyncio.run(drive_qtrel(base, a, bodies_a, bodies_b, None))
         else:
-            cmd = qtrel_command(a.model, int(urlsplit(base).port), a.threads)
+            cmd = qtrel_command(a.model, int(urlsplit(base).port), a.threads, a.dtype)
             with Server(cmd, base, "/health/ready", Path(tmp) / "qtrel.log", a.start_timeout) as srv:
                 report["scenarios"] = asyncio.run(drive_qtrel(base, a, bodies_a, bodies_b, srv.proc.pid))
         if not a.no_naive:
