@@ -323,6 +323,36 @@ def _cmd_export(a) -> int:
     return 0
 
 
+def _add_calibrate(sub) -> None:
+    p = sub.add_parser("calibrate", help="fit a temperature for log-loss on a labelled file and fold it into the head")
+    p.add_argument("model", help="checkpoint directory")
+    p.add_argument("data", help="held-out labelled file (not the training file)")
+    p.add_argument("--out", required=True)
+
+
+def _cmd_calibrate(a) -> int:
+    import torch
+
+    from model.calibrate import dataset_logits, fit_temperature, fold_temperature
+    from model.checkpoint import load_module, save_checkpoint
+    from model.classifier import RelevanceModel
+    from model.data import read_labelled
+
+    model = RelevanceModel.load(a.model)
+    ds = read_labelled(a.data, model.labels)
+    logits = dataset_logits(model, ds)
+    y = torch.tensor(ds.labels)
+    t = fit_temperature(logits, y)
+    before = torch.nn.functional.cross_entropy(logits, y).item()
+    after = torch.nn.functional.cross_entropy(logits / t, y).item()
+    module = load_module(a.model)
+    fold_temperature(module, t)
+    save_checkpoint(module, model.tokenizer, a.out)
+    print(json.dumps({"temperature": round(t, 4), "log_loss_before": round(before, 4),
+                      "log_loss_after": round(after, 4), "pairs": len(ds), "out": a.out}))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="qtrel", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -333,6 +363,7 @@ def main(argv: list[str] | None = None) -> int:
     _add_heads(sub)
     _add_prune(sub)
     _add_export(sub)
+    _add_calibrate(sub)
     a = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     from model.checkpoint import CheckpointError
@@ -340,7 +371,8 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         return {"serve": _cmd_serve, "train": _cmd_train, "eval": _cmd_eval, "baseline": _cmd_baseline,
-                "heads": _cmd_heads, "prune": _cmd_prune, "export": _cmd_export}[a.command](a)
+                "heads": _cmd_heads, "prune": _cmd_prune, "export": _cmd_export,
+                "calibrate": _cmd_calibrate}[a.command](a)
     except (DataError, CheckpointError) as e:
         print(f"qtrel {a.command}: {e}", file=sys.stderr)
         return 2
