@@ -63,7 +63,7 @@ class Engine:
         self.worker = Worker(self._load, warmup=settings.warmup, on_batch=metrics.inference_seconds.observe)
         self.batcher: Batcher | None = None
         self._tok_pool = ThreadPoolExecutor(1, thread_name_prefix="qtrel-tokenize")
-        self._values: torch.Tensor | None = None
+        self._values: list[float] = []
 
     def _load(self) -> RelevanceModel:
         s = self.settings
@@ -95,7 +95,7 @@ class Engine:
         await self.worker.wait_ready()
         if self.worker.state == WorkerState.READY:
             m = self.model
-            self._values = level_values(m.labels)
+            self._values = level_values(m.labels).tolist()
             self.metrics.model_info.labels(m.name, str(m.device), m.dtype, _version()).set(1)
             self.metrics.ready.set(1)
 
@@ -193,8 +193,8 @@ class Engine:
         return Scored(list(outputs), enc)
 
     def expected(self, probs: list[float]) -> float:
-        assert self._values is not None
-        return float(sum(p * v for p, v in zip(probs, self._values.tolist())))
+        """Expected level: sum of each level's value times its probability."""
+        return float(sum(p * v for p, v in zip(probs, self._values)))
 
 
 def _version() -> str:
