@@ -58,6 +58,16 @@ def pad_batch(
     return ids, seg, mask
 
 
+def cpu_has_native_bf16() -> bool:
+    """True on CPUs with bfloat16 matmul instructions (AVX512-BF16 or AMX), where bfloat16 is fast."""
+    try:
+        with open("/proc/cpuinfo", encoding="ascii", errors="ignore") as f:
+            flags = next((line for line in f if line.startswith("flags")), "")
+    except OSError:
+        return False
+    return " avx512_bf16" in flags or " amx_bf16" in flags
+
+
 def resolve_device(device: str) -> torch.device:
     if device == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")

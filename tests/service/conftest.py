@@ -71,6 +71,8 @@ class LiveServer:
 
 @contextmanager
 def live_server(model_dir, wait_ready: bool = True, **overrides):
+    # float32 unless a test asks otherwise: the batch-invariance checks compare to a float32 reference
+    overrides.setdefault("dtype", "float32")
     s = Settings(model=str(model_dir), port=free_port(), host="127.0.0.1", log_json=False, **overrides)
     srv = LiveServer(s).start(wait_ready=wait_ready)
     try:

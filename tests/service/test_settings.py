@@ -41,3 +41,17 @@ def test_cli_flags_cover_every_setting(capsys):
     text = capsys.readouterr().out
     for name in Settings.model_fields:
         assert "--" + name.replace("_", "-") in text, name
+
+
+def test_auto_dtype_follows_the_device_and_cpu(monkeypatch):
+    import torch
+
+    import service.engine as engine
+
+    auto = Settings(dtype="auto")
+    assert engine.resolve_dtype(auto, torch.device("cuda")) == "float16"
+    monkeypatch.setattr(engine, "cpu_has_native_bf16", lambda: True)
+    assert engine.resolve_dtype(auto, torch.device("cpu")) == "bfloat16"
+    monkeypatch.setattr(engine, "cpu_has_native_bf16", lambda: False)
+    assert engine.resolve_dtype(auto, torch.device("cpu")) == "float32"
+    assert engine.resolve_dtype(Settings(dtype="int8"), torch.device("cpu")) == "int8"
