@@ -297,7 +297,8 @@ def fmt(x, spec: str = ".0f") -> str:
 def render(r: dict) -> str:
     lines = [
         "## Serving under load (`bench/load.py`)", "",
-        f"`qtrel serve` (float32, {r['threads']} torch threads, default batching settings) on loopback, driven from "
+        f"`qtrel serve` (dtype {r.get('dtype', 'auto')}, {r['threads']} torch threads, default batching settings) "
+        "on loopback, driven from "
         f"a separate client process ({r['http_client']}); each scenario {r['warmup']:g} s warm-up + {r['seconds']:g} "
         "s measured. Latency per request; padding and batch size from the server's /metrics over the window. "
         "Offline = RelevanceModel.predict on the same pairs in this run (length-sorted, 8192-token batches).", "",
