@@ -25,25 +25,12 @@ from model.checkpoint import load_module, save_checkpoint
 from model.classifier import RelevanceModel
 from model.data import read_labelled
 from model.evaluate import evaluate
-from model.heads import gradient_importance, prune_heads, prune_order
+from model.heads import gradient_importance, heads_to_remove, prune_heads, prune_order
 from model.tokenizer import PairTokenizer
 
 TRAIN = DEV.parent / "train.csv"
 HEADS_MD = ROOT / "docs" / "heads.md"
 RAW = ROOT / "docs" / "bench" / "prune_tradeoff.json"
-
-
-def choose(order, module, n):
-    """The first n heads of `order` that leave at least one head in every layer."""
-    left = {la: len(layer.attn.heads) for la, layer in enumerate(module.bert.layers)}
-    out = []
-    for la, h in order:
-        if len(out) == n:
-            break
-        if left[la] > 1:
-            out.append((la, h))
-            left[la] -= 1
-    return out
 
 
 def finetune(path: Path, steps: int, threads: int) -> None:
@@ -96,7 +83,7 @@ def main() -> int:
     dirs = {"0%": Path(a.model)}
     removed = {"0%": []}
     for f in (float(x) for x in a.fractions.split(",")):
-        remove = choose(order, module, round(f * total))
+        remove = heads_to_remove(order, module, round(f * total))
         name = f"{round(100 * len(remove) / total)}%"
         path = tmp / name.rstrip("%")
         save_checkpoint(prune_heads(module, remove), tok, path)

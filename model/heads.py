@@ -8,7 +8,6 @@ removes the least important heads for real, shrinking the q/k/v and output proje
 from __future__ import annotations
 
 import random
-from collections.abc import Callable
 from dataclasses import replace
 
 import torch
@@ -202,6 +201,19 @@ def prune_order(importance: Tensor, module: BertForRelevance) -> list[tuple[int,
     return sorted(present, key=lambda lh: norm[lh[0], lh[1]].item())
 
 
+def heads_to_remove(order: list[tuple[int, int]], module: BertForRelevance, n: int) -> list[tuple[int, int]]:
+    """The first `n` heads of `order` (least important first) that leave at least one head per layer."""
+    left = {la: len(layer.attn.heads) for la, layer in enumerate(module.bert.layers)}
+    out = []
+    for la, h in order:
+        if len(out) == n:
+            break
+        if left[la] > 1:
+            out.append((la, h))
+            left[la] -= 1
+    return out
+
+
 @torch.no_grad()
 def prune_heads(module: BertForRelevance, remove: list[tuple[int, int]]) -> BertForRelevance:
     """A new, smaller module without the heads in `remove` (original indices). At least one head is
@@ -231,18 +243,3 @@ def prune_heads(module: BertForRelevance, remove: list[tuple[int, int]]) -> Bert
         else:  # query/key/value weight rows and biases
             value.copy_(old[idx])
     return new
-
-
-def speed(model_factory: Callable[[], RelevanceModel], pairs, repeats: int = 3) -> float:
-    """Pairs per second of the packed inference path, median of `repeats`."""
-    import time
-
-    m = model_factory()
-    m.predict(pairs[:64])
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        m.predict(pairs)
-        times.append(time.perf_counter() - t0)
-    times.sort()
-    return len(pairs) / times[len(times) // 2]

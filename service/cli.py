@@ -273,7 +273,7 @@ def _add_prune(sub) -> None:
 def _cmd_prune(a) -> int:
     from model.checkpoint import load_module, save_checkpoint
     from model.data import read_labelled
-    from model.heads import gradient_importance, prune_heads, prune_order
+    from model.heads import gradient_importance, heads_to_remove, prune_heads, prune_order
     from model.tokenizer import PairTokenizer
 
     module = load_module(a.model)
@@ -283,14 +283,7 @@ def _cmd_prune(a) -> int:
     enc = tok.encode([e.query for e in ds.examples], [e.title for e in ds.examples])
     order = prune_order(gradient_importance(module, enc, ds.labels, tok.pad_id), module)
     n = round(a.fraction * module.cfg.num_hidden_layers * module.cfg.num_attention_heads)
-    per_layer: dict[int, int] = {}
-    remove = []
-    for la, h in order:  # least important first, always leaving one head per layer
-        if len(remove) == n:
-            break
-        if per_layer.get(la, 0) + 1 < len(module.bert.layers[la].attn.heads):
-            remove.append((la, h))
-            per_layer[la] = per_layer.get(la, 0) + 1
+    remove = heads_to_remove(order, module, n)
     pruned = prune_heads(module, remove)
     save_checkpoint(pruned, tok, a.out)
     print(json.dumps({"removed": len(remove), "pruned_heads": {str(k): v for k, v in pruned.cfg.pruned_heads.items()},

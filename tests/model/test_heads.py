@@ -103,3 +103,16 @@ def test_subset_keeps_whole_queries():
     qs = {e.query for e in sub.examples}
     assert len(sub) >= 300
     assert sum(1 for e in ds.examples if e.query in qs) == len(sub)
+
+
+def test_prune_command_removes_the_asked_share_and_keeps_a_head_per_layer(tiny_checkpoint, tmp_path):
+    from service.cli import main
+
+    out = tmp_path / "pruned"
+    assert main(["prune", str(tiny_checkpoint), str(HOMEDEPOT / "train.csv"), "--out", str(out),
+                 "--fraction", "0.75", "--limit", "40"]) == 0
+    cfg = json.loads((out / "config.json").read_text())
+    removed = {int(k): v for k, v in cfg["pruned_heads"].items()}
+    assert sum(len(v) for v in removed.values()) == 6  # 75% of 8 heads
+    assert all(len(v) < 4 for v in removed.values())  # every layer keeps a head
+    RelevanceModel.load(out).predict([("drill", "cordless drill")])
