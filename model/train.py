@@ -19,7 +19,7 @@ from torch import nn
 
 from model.bert import BertForRelevance
 from model.checkpoint import load_module, save_checkpoint
-from model.classifier import RelevanceModel, new_from_encoder
+from model.classifier import RelevanceModel, new_from_encoder, pad_batch
 from model.data import read_labelled
 from model.evaluate import evaluate
 from model.tokenizer import PairTokenizer
@@ -68,12 +68,6 @@ def length_sorted_batches(lengths: list[int], batch_size: int, rng: random.Rando
         batches += [chunk[i : i + batch_size] for i in range(0, len(chunk), batch_size)]
     rng.shuffle(batches)
     return batches
-
-
-def _pad(enc_ids, enc_seg, idx, pad_id):
-    from model.classifier import pad_batch
-
-    return pad_batch([enc_ids[i] for i in idx], [enc_seg[i] for i in idx], pad_id)
 
 
 def _build(args: TrainArgs) -> tuple[BertForRelevance, PairTokenizer, str]:
@@ -185,7 +179,9 @@ def train(args: TrainArgs) -> dict:
         epoch = state["step"] // steps_per_epoch
         batches = length_sorted_batches(enc.lengths, args.batch_size, random.Random(args.seed + epoch))
         for idx in batches[state["step"] % steps_per_epoch :]:
-            ids, seg, mask = _pad(enc.input_ids, enc.token_type_ids, idx, tok.pad_id)
+            ids, seg, mask = pad_batch(
+                [enc.input_ids[i] for i in idx], [enc.token_type_ids[i] for i in idx], tok.pad_id
+            )
             logits, _ = module(ids.to(device), seg.to(device), mask.to(device))
             loss = loss_fn(logits.float(), labels[idx].to(device))
             opt.zero_grad(set_to_none=True)
