@@ -193,7 +193,7 @@ class Engine:
         self.metrics.pairs.inc(len(outputs))
         labels = self.model.labels
         for o in outputs:
-            self.metrics.levels.labels(labels[max(range(len(o.probs)), key=o.probs.__getitem__)]).inc()
+            self.metrics.levels.labels(labels[o.best]).inc()
         return Scored(list(outputs), enc)
 
     def expected(self, probs: list[float]) -> float:

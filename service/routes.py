@@ -59,10 +59,6 @@ async def score_watched(request: Request, engine: Engine, queries, titles, timeo
             raise ServiceError(ErrorKind.CLIENT_CLOSED, "client closed the connection")
 
 
-def argmax(xs: list[float]) -> int:
-    return max(range(len(xs)), key=xs.__getitem__)
-
-
 @router.post("/score", response_model=ScoreResponse, responses=ERRORS, tags=["scoring"])
 async def score(body: ScoreRequest, request: Request, engine: EngineDep, timeout_ms: TimeoutHeader = None):
     """Grade each (query, title) pair: level, expected-level score, probabilities per level."""
@@ -71,7 +67,7 @@ async def score(body: ScoreRequest, request: Request, engine: EngineDep, timeout
     labels = engine.model.labels
     results = []
     for i, (out, n, cut) in enumerate(zip(scored.outputs, scored.enc.lengths, scored.enc.truncated)):
-        r = {"index": i, "level": labels[argmax(out.probs)], "score": engine.expected(out.probs), "tokens": n,
+        r = {"index": i, "level": labels[out.best], "score": engine.expected(out.probs), "tokens": n,
              "truncated": cut}
         if body.return_probs:
             r["probs"] = dict(zip(labels, out.probs))

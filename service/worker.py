@@ -36,6 +36,7 @@ class WorkerState(str, Enum):
 class PairOutput:
     logits: list[float]
     probs: list[float]
+    best: int  # index of the most probable level
 
 
 Encoded = tuple[list[int], list[int]]  # (input_ids, token_type_ids) of one pair
@@ -104,7 +105,7 @@ class Worker:
         if self._on_batch:
             self._on_batch(time.perf_counter() - t0)
         probs = logits.softmax(-1)
-        return [PairOutput(lg, pr) for lg, pr in zip(logits.tolist(), probs.tolist())]
+        return [PairOutput(lg, pr, b) for lg, pr, b in zip(logits.tolist(), probs.tolist(), probs.argmax(-1).tolist())]
 
     def _warm(self, model: RelevanceModel) -> None:
         """Forward passes over a spread of lengths and batch sizes: first-call allocations and
