@@ -16,7 +16,7 @@ from torch import Tensor, nn
 from model.bert import BertForRelevance
 from model.classifier import RelevanceModel, length_batches, pad_batch
 from model.data import Dataset
-from model.metrics import all_metrics
+from model.evaluate import metrics_from_probs
 
 HEADLINE = ("accuracy", "macro_f1", "qwk", "ndcg@10", "rmse_level")
 
@@ -42,9 +42,7 @@ class HeadEvaluator:
         for b in self.batches:
             probs[b] = self.model.probs([self.enc.input_ids[i] for i in b], [self.enc.token_type_ids[i] for i in b],
                                         head_mask)
-        ranks = torch.arange(1, k + 1, dtype=torch.float32)
-        m = all_metrics([e.query for e in self.ds.examples], self.ds.labels, probs.argmax(-1).tolist(),
-                        (probs @ ranks).tolist(), k, [e.relevance for e in self.ds.examples])
+        m = metrics_from_probs(self.ds, probs)
         return {key: m[key] for key in (*HEADLINE, "rmse_relevance") if key in m}
 
     def relative(self, head_mask: Tensor | None) -> dict:
