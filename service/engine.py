@@ -15,13 +15,13 @@ from pathlib import Path
 
 import torch
 
-from model.classifier import RelevanceModel, cpu_has_native_bf16, level_values
+from model.classifier import cpu_has_native_bf16, level_values
 from model.tokenizer import EncodedPairs
 from service.batcher import Batcher, Closed, DeadlineExceeded, Overloaded
 from service.errors import ErrorKind, ServiceError
 from service.metrics import Metrics
 from service.settings import Settings
-from service.worker import PairOutput, Worker, WorkerState
+from service.worker import LoadSpec, ModelInfo, PairOutput, Worker, WorkerState
 
 log = logging.getLogger("qtrel.engine")
 
@@ -64,23 +64,16 @@ class Engine:
         self.metrics = metrics
         self.model_dir = resolve_model_dir(settings)
         self.draining = False
-        self.worker = Worker(self._load, warmup=settings.warmup, on_batch=metrics.inference_seconds.observe)
+        from model.classifier import resolve_device
+
+        device = resolve_device(settings.device)
+        spec = LoadSpec(str(self.model_dir), device=str(device), dtype=resolve_dtype(settings, device),
+                        max_length=settings.max_length, threads=settings.threads, warmup=settings.warmup)
+        self.worker = Worker(spec, mode=settings.worker, on_batch=metrics.inference_seconds.observe,
+                             on_restart=metrics.worker_restarts.inc)
         self.batcher: Batcher | None = None
         self._tok_pool = ThreadPoolExecutor(1, thread_name_prefix="qtrel-tokenize")
         self._values: list[float] = []
-
-    def _load(self) -> RelevanceModel:
-        s = self.settings
-        if s.threads:
-            torch.set_num_threads(s.threads)
-        from model.classifier import resolve_device
-
-        device = resolve_device(s.device)
-        t0 = time.perf_counter()
-        m = RelevanceModel.load(self.model_dir, device=str(device), dtype=resolve_dtype(s, device),
-                                max_length=s.max_length)
-        log.info("loaded %s on %s/%s in %.2fs", self.model_dir, m.device, m.dtype, time.perf_counter() - t0)
-        return m
 
     # --- lifecycle ----------------------------------------------------------------------------
     async def start(self) -> None:
@@ -104,9 +97,9 @@ class Engine:
             self.metrics.ready.set(1)
 
     @property
-    def model(self) -> RelevanceModel:
-        assert self.worker.model is not None
-        return self.worker.model
+    def model(self) -> ModelInfo:
+        assert self.worker.info is not None
+        return self.worker.info
 
     @property
     def ready(self) -> bool:

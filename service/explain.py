@@ -142,9 +142,8 @@ def explain_router(settings: Settings) -> APIRouter:
             raise ServiceError(ErrorKind.RATE_LIMITED,
                                f"at most {settings.explain_per_minute} explanations a minute", retry_after=wait)
         try:
-            out = await engine.worker.call(lambda m: explain_pair(
-                m, body.query, body.title, truncation=body.truncation, top_heads=body.top_heads,
-                attention=body.attention))
+            out = await engine.worker.call(explain_pair, body.query, body.title, truncation=body.truncation,
+                                           top_heads=body.top_heads, attention=body.attention)
         except Exception as e:
             if not engine.readiness()[0]:  # the worker stopped or drains since the check above
                 raise ServiceError(ErrorKind.NOT_READY, f"not ready: {engine.readiness()[1]}", retry_after=1) from None

@@ -39,6 +39,8 @@ class Metrics:
         self.dropped_pairs = Counter("qtrel_dropped_pairs", "Queued pairs dropped before the device, by reason",
                                      ["reason"], registry=r)
         self.levels = Counter("qtrel_predicted_level", "Predicted levels", ["level"], registry=r)
+        self.worker_restarts = Counter("qtrel_worker_restarts", "Times the model process died and was restarted",
+                                       registry=r)
         self.ready = Gauge("qtrel_ready", "1 when the model is loaded, warmed up and not draining", registry=r)
         self.model_info = Gauge("qtrel_model_info", "Model being served", ["model", "device", "dtype", "version"],
                                 registry=r)

@@ -140,7 +140,7 @@ async def metrics(engine: EngineDep):
 @router.get("/info", response_model=Info, tags=["operations"])
 async def info(engine: EngineDep):
     """The model, its levels and limits, and the effective settings."""
-    m = engine.worker.model
+    m = engine.worker.info
     s = engine.settings
     return Info(
         model_id=m.name if m else engine.model_dir.name,

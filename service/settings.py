@@ -21,6 +21,10 @@ class Settings(BaseSettings):
     max_length: int = Field(128, ge=8, le=512, description="tokens per pair, special tokens included")
     threads: int = Field(0, ge=0, description="torch intra-op threads; 0 = torch's default")
     warmup: bool = Field(True, description="run warm-up forwards before reporting ready")
+    worker: Literal["process", "thread"] = Field(
+        "process", description="where the model runs: a child process (no GIL shared with the HTTP server; "
+        "restarted if it dies) or a thread of the server process"
+    )
 
     # --- HTTP ---
     host: str = "0.0.0.0"

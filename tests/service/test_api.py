@@ -250,29 +250,59 @@ def test_disconnected_client_work_is_dropped(tiny_checkpoint):
         assert srv.metric("qtrel_pairs_in_flight") == 0
 
 
-def test_failing_forward_fails_only_its_batch(server):
-    """Fault injection: the module raises for one forward pass; that request gets a 500 with the error
-    shape, and the next request is served normally."""
-    module = server.engine.model.module
-    original = module.forward
-    calls = {"n": 0}
+def test_failing_forward_fails_only_its_batch(tiny_checkpoint):
+    """Fault injection (model on a thread, so the test can reach it): the module raises for one forward
+    pass; that request gets a 500 with the error shape, and the next request is served normally."""
+    with live_server(tiny_checkpoint, worker="thread") as srv:
+        module = srv.engine.worker.model.module
+        original = module.forward
+        calls = {"n": 0}
 
-    def failing_once(*a, **kw):
-        calls["n"] += 1
-        if calls["n"] == 1:
-            raise RuntimeError("injected fault")
-        return original(*a, **kw)
+        def failing_once(*a, **kw):
+            calls["n"] += 1
+            if calls["n"] == 1:
+                raise RuntimeError("injected fault")
+            return original(*a, **kw)
 
-    module.forward = failing_once
-    try:
-        r = httpx.post(server.url + "/score", json={"query": "q", "titles": ["t"]})
+        module.forward = failing_once
+        r = httpx.post(srv.url + "/score", json={"query": "q", "titles": ["t"]})
         assert r.status_code == 500
         assert r.json()["error_type"] == "backend" and "injected fault" in r.json()["error"]
-        ok = httpx.post(server.url + "/score", json={"query": "q", "titles": ["t"]})
+        ok = httpx.post(srv.url + "/score", json={"query": "q", "titles": ["t"]})
         assert ok.status_code == 200
-    finally:
-        del module.forward
-    assert httpx.get(server.url + "/health/ready").status_code == 200
+        assert httpx.get(srv.url + "/health/ready").status_code == 200
+
+
+def test_model_process_killed_under_load_is_restarted(tiny_checkpoint):
+    """A real crash: SIGKILL the model process while a large request is being scored in many batches.
+    That request gets a 500 only if the kill hit one of its batches, never a hang; the process is
+    restarted, readiness comes back, the restart is counted, and the next request is served."""
+    import os
+    import signal
+    import threading
+    import time
+
+    with live_server(tiny_checkpoint, max_batch_size=8) as srv:
+        pid = srv.engine.worker.pid
+        body = {"query": "cordless drill", "titles": [f"title number {i} " * 12 for i in range(1000)]}
+        result = {}
+        t = threading.Thread(target=lambda: result.update(r=httpx.post(srv.url + "/score", json=body, timeout=60)))
+        t.start()
+        while srv.metric("qtrel_batch_pairs_count") < 3:
+            time.sleep(0.005)
+        os.kill(pid, signal.SIGKILL)
+        t.join(60)
+        r = result["r"]
+        assert r.status_code in (200, 500)
+        if r.status_code == 500:
+            assert r.json()["error_type"] == "backend" and "died" in r.json()["error"]
+        for _ in range(600):
+            if httpx.get(srv.url + "/health/ready").status_code == 200:
+                break
+            time.sleep(0.05)
+        assert srv.engine.worker.pid != pid
+        assert httpx.post(srv.url + "/score", json={"query": "q", "titles": ["t"]}).status_code == 200
+        assert srv.metric("qtrel_worker_restarts_total") == 1
 
 
 def test_health_info_metrics(server):
@@ -299,17 +329,17 @@ def test_health_info_metrics(server):
 def test_readiness_before_warmup_and_during_drain(tiny_checkpoint, monkeypatch):
     import threading
 
-    from service.engine import Engine
+    from service import worker
 
     gate = threading.Event()
-    original = Engine._load
+    original = worker.load_model
 
-    def slow_load(self):
+    def slow_load(spec):
         gate.wait(30)  # hold the model load until the test has looked at readiness
-        return original(self)
+        return original(spec)
 
-    monkeypatch.setattr(Engine, "_load", slow_load)
-    with live_server(tiny_checkpoint, wait_ready=False) as srv:
+    monkeypatch.setattr(worker, "load_model", slow_load)
+    with live_server(tiny_checkpoint, wait_ready=False, worker="thread") as srv:
         r = httpx.get(srv.url + "/health/ready")
         assert r.status_code == 503 and "loading" in r.json()["error"]
         assert httpx.get(srv.url + "/health/live").status_code == 200

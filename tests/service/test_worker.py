@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
+import time
 
 import pytest
 import torch
 
 from model.classifier import RelevanceModel
-from service.worker import Worker, WorkerState, forward_in_halves
+from service.worker import LoadSpec, Worker, WorkerCrashed, WorkerState, forward_in_halves
 from tests.conftest import read_pairs
 
 
@@ -34,27 +37,75 @@ def test_out_of_memory_on_a_single_pair_is_raised():
         forward_in_halves(forward, [1, 2])
 
 
-def test_worker_loads_warms_and_scores(tiny_checkpoint):
-    w = Worker(lambda: RelevanceModel.load(tiny_checkpoint))
+def labels_of(model):  # module-level: a job sent to the model process must pickle
+    return model.labels
+
+
+def raise_value_error(model, message):
+    raise ValueError(message)
+
+
+def sleep_on_model(model, seconds):
+    time.sleep(seconds)
+
+
+@pytest.mark.parametrize("mode", ["process", "thread"])
+def test_worker_loads_warms_and_scores(tiny_checkpoint, mode):
+    w = Worker(LoadSpec(str(tiny_checkpoint)), mode=mode)
+    ref = RelevanceModel.load(tiny_checkpoint)
 
     async def main():
         w.start()
         await w.wait_ready()
         assert w.state == WorkerState.READY
-        m = w.model
-        enc = m.encode(read_pairs(5))
+        assert w.info.labels == ["1", "2", "3", "4", "5"] and w.info.dtype == "float32"
+        enc = w.info.tokenizer.encode(*zip(*read_pairs(5)))
         outs = await w.run(list(zip(enc.input_ids, enc.token_type_ids)))
-        want = m.probs(enc.input_ids, enc.token_type_ids)
+        want = ref.probs(enc.input_ids, enc.token_type_ids)
         assert torch.allclose(torch.tensor([o.probs for o in outs]), want, atol=1e-6)
-        assert await w.call(lambda model: model.labels) == ["1", "2", "3", "4", "5"]
+        assert [o.best for o in outs] == want.argmax(-1).tolist()
+        assert await w.call(labels_of) == ["1", "2", "3", "4", "5"]
+        # A job that raises fails alone: a token id beyond the vocabulary, then a raising call.
+        with pytest.raises(Exception, match="index"):
+            await w.run([([101, 10**6, 102], [0, 0, 0])])
+        with pytest.raises(Exception, match="boom"):
+            await w.call(raise_value_error, "boom")
+        again = await w.run(list(zip(enc.input_ids, enc.token_type_ids)))
+        assert [o.probs for o in again] == [o.probs for o in outs]
 
     asyncio.run(main())
     w.stop()
     assert w.state == WorkerState.STOPPED
+    assert w.restarts == 0
+
+
+def test_model_process_killed_mid_batch_fails_that_batch_and_restarts(tiny_checkpoint):
+    """A real crash: SIGKILL the model process while it holds a job. That job fails, the next child
+    is started and warmed, and a batch queued behind it is served by the new child."""
+    restarts = []
+    w = Worker(LoadSpec(str(tiny_checkpoint)), on_restart=lambda: restarts.append(1))
+
+    async def main():
+        w.start()
+        await w.wait_ready()
+        first = w.pid
+        enc = w.info.tokenizer.encode(["q"] * 3, ["a title"] * 3)
+        held = asyncio.ensure_future(w.call(sleep_on_model, 30))
+        queued = asyncio.ensure_future(w.run(list(zip(enc.input_ids, enc.token_type_ids))))
+        await asyncio.sleep(0.5)  # the child is inside the sleeping job now
+        os.kill(first, signal.SIGKILL)
+        with pytest.raises(WorkerCrashed):
+            await held
+        outs = await queued  # waited for the new child instead of failing
+        assert len(outs) == 3 and w.state == WorkerState.READY and w.pid != first
+
+    asyncio.run(main())
+    w.stop()
+    assert restarts == [1] and w.restarts == 1
 
 
 def test_worker_reports_a_failed_load(tmp_path):
-    w = Worker(lambda: RelevanceModel.load(tmp_path))  # not a checkpoint
+    w = Worker(LoadSpec(str(tmp_path)))  # not a checkpoint
 
     async def main():
         w.start()
