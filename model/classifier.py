@@ -95,7 +95,7 @@ class RelevanceModel:
         fast: bool = False,
     ):
         """`fast` packs the linear layers for oneDNN (cpu, float32/bfloat16): the module is then
-        inference-only and cannot be saved or trained."""
+        inference-only and cannot be saved or trained. On cpu it also runs batches without padding."""
         if dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {list(DTYPES)}, got {dtype!r}")
         self.device = resolve_device(device)
@@ -117,6 +117,8 @@ class RelevanceModel:
         else:
             module = module.to(self.device, DTYPES[dtype])
         self.packed = fast and dtype != "int8" and self.device.type == "cpu" and can_pack(DTYPES[dtype])
+        # Without padding (model.bert.pack): measured on cpu only; cuda keeps padded batches.
+        self.unpadded = fast and self.device.type == "cpu"
         if self.packed:
             pack_for_cpu(module)
         self.module = module
@@ -152,6 +154,8 @@ class RelevanceModel:
         head_mask: Tensor | None = None,
     ) -> Tensor:
         """One forward pass over a batch of encoded pairs -> (B, levels) float32 logits on cpu."""
+        if self.unpadded:
+            return self.module.forward_packed(input_ids, token_type_ids, head_mask).float().cpu()
         ids, seg, mask = pad_batch(input_ids, token_type_ids, self.tokenizer.pad_id)
         dev = self.device
         logits, _ = self.module(ids.to(dev), seg.to(dev), mask.to(dev), head_mask)

@@ -90,8 +90,14 @@ class Batcher:
         max_queue_items: int,
         max_queue_tokens: int,
         observer: BatchObserver | None = None,
+        concurrency: int = 1,
     ):
+        """`concurrency`: batches handed to `run` at once (one per model replica). The next batch is
+        formed only when a slot is free, so that it takes everything that arrived meanwhile."""
         self._run = run
+        self.concurrency = concurrency
+        self._slots = asyncio.Semaphore(concurrency)
+        self._running: set[asyncio.Task] = set()
         self.max_batch_tokens = max_batch_tokens
         self.max_batch_size = max_batch_size
         self.max_wait_s = max_wait_s
@@ -160,12 +166,13 @@ class Batcher:
 
     async def stop(self) -> None:
         self._closed = True
-        if self._task:
-            self._task.cancel()
-            try:
-                await self._task
-            except asyncio.CancelledError:
-                pass
+        for task in [self._task, *self._running]:
+            if task:
+                task.cancel()
+                try:
+                    await task
+                except asyncio.CancelledError:
+                    pass
         for it in self._pending:
             if not it.future.done():
                 it.future.set_exception(Closed("the service is shutting down"))
@@ -221,9 +228,15 @@ class Batcher:
                 self._wake.clear()
                 await self._wake.wait()
                 continue
-            await self._wait_to_fill()
-            self._prune()
+            await self._slots.acquire()  # a replica is free: now form the batch
+            try:
+                await self._wait_to_fill()
+                self._prune()
+            except BaseException:
+                self._slots.release()
+                raise
             if not self._pending:
+                self._slots.release()
                 continue
             window = list(self._pending)[: self.max_batch_size * 4]
             batch = plan_batch(window, self.max_batch_tokens, self.max_batch_size)
@@ -232,22 +245,31 @@ class Batcher:
             now = time.monotonic()
             self._obs.dispatched([now - it.enqueued for it in batch], [it.length for it in batch])
             self._obs.queued(len(self._pending), self._outstanding_items)
-            t0 = time.monotonic()
-            try:
-                results = await self._run([it.payload for it in batch])
-                for it, res in zip(batch, results, strict=True):
-                    if not it.future.done():
-                        it.future.set_result(res)
-            except asyncio.CancelledError:
-                raise
-            except Exception as e:  # fails only this batch; the loop keeps serving
-                log.error("batch of %d failed: %s", len(batch), e, exc_info=e)
-                for it in batch:
-                    if not it.future.done():
-                        it.future.set_exception(e)
-            finally:
-                dt = time.monotonic() - t0
-                if dt > 0:
-                    inst = len(batch) / dt
-                    self._rate = inst if self._rate == 0 else 0.8 * self._rate + 0.2 * inst
-                self._release(batch)
+            task = asyncio.create_task(self._dispatch(batch))
+            self._running.add(task)
+            task.add_done_callback(self._running.discard)
+
+    async def _dispatch(self, batch: list[Item]) -> None:
+        t0 = time.monotonic()
+        try:
+            results = await self._run([it.payload for it in batch])
+            for it, res in zip(batch, results, strict=True):
+                if not it.future.done():
+                    it.future.set_result(res)
+        except asyncio.CancelledError:
+            for it in batch:
+                if not it.future.done():
+                    it.future.set_exception(Closed("the service is shutting down"))
+            raise
+        except Exception as e:  # fails only this batch; the loop keeps serving
+            log.error("batch of %d failed: %s", len(batch), e, exc_info=e)
+            for it in batch:
+                if not it.future.done():
+                    it.future.set_exception(e)
+        finally:
+            self._slots.release()
+            dt = time.monotonic() - t0
+            if dt > 0:  # items per second over all slots, for Retry-After
+                inst = len(batch) / dt * self.concurrency
+                self._rate = inst if self._rate == 0 else 0.8 * self._rate + 0.2 * inst
+            self._release(batch)

@@ -19,7 +19,9 @@ class Settings(BaseSettings):
         "float16 on cuda"
     )
     max_length: int = Field(128, ge=8, le=512, description="tokens per pair, special tokens included")
-    threads: int = Field(0, ge=0, description="torch intra-op threads; 0 = torch's default")
+    threads: int = Field(0, ge=0, description="torch intra-op threads per model process; 0 = auto")
+    replicas: int = Field(0, ge=0, description="model processes serving batches side by side (process "
+                          "worker); 0 = auto: on cpu, cores / threads, on cuda 1")
     warmup: bool = Field(True, description="run warm-up forwards before reporting ready")
     worker: Literal["process", "thread"] = Field(
         "process", description="where the model runs: a child process (no GIL shared with the HTTP server; "

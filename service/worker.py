@@ -71,6 +71,7 @@ class LoadSpec:
     max_length: int = 128
     threads: int = 0  # torch intra-op threads; 0 = torch's default
     warmup: bool = True
+    max_batch_tokens: int = 8192  # the largest batch warm-up prepares for
 
 
 @dataclass(frozen=True)
@@ -98,9 +99,14 @@ def load_model(spec: LoadSpec) -> RelevanceModel:
     return m
 
 
-def warm(model: RelevanceModel) -> None:
-    """Forward passes over a spread of lengths and batch sizes: first-call allocations and kernel
-    selection happen here, not on a user's request."""
+def warm(model: RelevanceModel, max_tokens: int = 8192) -> None:
+    """Forward passes over a spread of lengths and batch sizes, and every linear layer at every packed
+    token count up to `max_tokens`: first-call allocations and kernel builds happen here, not on a
+    user's request."""
+    if model.unpadded:
+        from model.bert import warm_linear_shapes
+
+        warm_linear_shapes(model.module, max_tokens)
     vocab = min(model.tokenizer.vocab_size, model.cfg.vocab_size)
     for length in sorted({8, 32, model.max_length}):
         for size in (1, 8):
@@ -146,7 +152,7 @@ def _child_main(conn, spec: LoadSpec) -> None:
         conn.send(("loaded", info_of(model)))
         if spec.warmup:
             t0 = time.perf_counter()
-            warm(model)
+            warm(model, spec.max_batch_tokens)
             log.info("warm-up done in %.2fs", time.perf_counter() - t0)
         conn.send(("ready", None))
     except Exception as e:
@@ -161,58 +167,202 @@ def _child_main(conn, spec: LoadSpec) -> None:
             return
         kind, payload = job
         try:
-            if kind == "forward":
-                out = forward_batch(model, payload)
-            else:
-                fn, args, kwargs = payload
-                out = fn(model, *args, **kwargs)
-            conn.send(("ok", out))
+            conn.send(("ok", run_job(model, kind, payload)))
         except Exception as e:  # reported to the caller of this job only
             conn.send(("error", (type(e).__name__, str(e))))
 
 
-class Worker:
-    """Runs jobs on the model, one at a time, in a child process or on a thread (see the module doc).
+def run_job(model: RelevanceModel, kind: str, payload):
+    if kind == "forward":
+        return forward_batch(model, payload)
+    fn, args, kwargs = payload
+    return fn(model, *args, **kwargs)
 
-    The event loop hands jobs over with `run` (a batch) and `call` (any function of the model, e.g.
-    an explanation); a thread of this process feeds them to the model in order.
+
+class _Replica:
+    """One model process and the thread of this process that feeds it jobs from the shared queue."""
+
+    def __init__(self, worker: Worker, index: int):
+        self.worker = worker
+        self.index = index
+        self.state = WorkerState.LOADING
+        self.proc = None
+        self.conn = None
+        self.thread = threading.Thread(target=self._main, name=f"qtrel-worker-{index}", daemon=True)
+
+    def _spawn(self) -> str | None:
+        """Start a model process and wait until it is warm; the error text if it failed to load."""
+        ctx = mp.get_context("spawn")  # never fork a process that already runs threads
+        parent, child = ctx.Pipe()
+        proc = ctx.Process(target=_child_main, args=(child, self.worker.spec), name=f"qtrel-model-{self.index}",
+                           daemon=True)
+        proc.start()
+        child.close()  # so that the child's death reads as EOF here
+        self.proc, self.conn = proc, parent
+        while True:
+            try:
+                kind, payload = parent.recv()
+            except (EOFError, OSError):
+                proc.join(5)
+                return f"the model process exited while loading (exit code {proc.exitcode})"
+            if kind == "failed":
+                proc.join(5)
+                return payload
+            if kind == "loaded":
+                self.worker._loaded(payload)
+                if self.state == WorkerState.LOADING:
+                    self.state = WorkerState.WARMING
+            elif kind == "ready":
+                return None
+
+    def close(self) -> None:
+        proc, conn = self.proc, self.conn
+        if proc is None:
+            return
+        try:
+            if proc.is_alive() and conn is not None:
+                conn.send(None)
+        except (OSError, ValueError):
+            pass
+        proc.join(10)
+        if proc.is_alive():
+            proc.kill()
+            proc.join(5)
+        if conn is not None:
+            conn.close()
+
+    def _restart(self, why: str) -> bool:
+        log.error("model process %d died (%s); restarting it", self.index, why)
+        self.state = WorkerState.RESTARTING
+        self.worker._restarted()
+        self.close()
+        error = self._spawn()
+        if error:
+            self.state = WorkerState.FAILED
+            self.worker._fail(error)
+            return False
+        self.state = WorkerState.READY
+        log.info("model process %d restarted (pid %s)", self.index, self.proc.pid)
+        return True
+
+    def _main(self) -> None:
+        w = self.worker
+        try:
+            error = self._spawn()
+        except Exception as e:
+            error = f"{type(e).__name__}: {e}"
+        if error:
+            self.state = WorkerState.FAILED
+            w._fail(error)
+            return
+        self.state = WorkerState.READY
+        w._replica_ready()
+        log.info("model process %d ready (pid %s)", self.index, self.proc.pid)
+        while not w._stopping:
+            try:
+                job = w._jobs.get(timeout=0.5)
+            except queue.Empty:  # idle: notice a dead model process before a request does
+                if not w._stopping and not self.proc.is_alive() and not self._restart(
+                        f"exit code {self.proc.exitcode}"):
+                    return
+                continue
+            if job is None:
+                w._jobs.put(None)  # the other replicas stop too
+                return
+            kind, payload, fut = job
+            if not fut.set_running_or_notify_cancel():
+                continue
+            if not self.proc.is_alive() and not self._restart(f"exit code {self.proc.exitcode}"):
+                fut.set_exception(RuntimeError(f"model is not ready ({w.error})"))
+                return
+            try:
+                self.conn.send((kind, payload))
+                status, out = self.conn.recv()
+            except (EOFError, OSError) as e:
+                self.proc.join(1)
+                fut.set_exception(WorkerCrashed(f"the model process died during this batch "
+                                                f"(exit code {self.proc.exitcode})"))
+                if w._stopping or not self._restart(f"{type(e).__name__}, exit code {self.proc.exitcode}"):
+                    return
+                continue
+            except Exception as e:  # e.g. an argument that does not pickle: this job only
+                fut.set_exception(e)
+                continue
+            if status == "ok":
+                fut.set_result(out)
+            else:
+                name, message = out
+                fut.set_exception(RemoteError(f"{name}: {message}"))
+
+
+class Worker:
+    """Runs jobs on the model, one at a time per replica, in child processes or on a thread (see the
+    module doc). The event loop hands jobs over with `run` (a batch) and `call` (any function of the
+    model, e.g. an explanation); each replica takes the next job from one shared queue when it is free.
     """
 
-    def __init__(self, spec: LoadSpec, mode: str = "process", on_batch=None, on_restart=None):
+    def __init__(self, spec: LoadSpec, mode: str = "process", replicas: int = 1, on_batch=None, on_restart=None):
         if mode not in ("process", "thread"):
             raise ValueError(f"worker mode must be 'process' or 'thread', got {mode!r}")
+        if replicas < 1 or (mode == "thread" and replicas != 1):
+            raise ValueError(f"replicas must be >= 1 (exactly 1 in thread mode), got {replicas}")
         self.spec = spec
         self.mode = mode
         self._jobs: queue.Queue = queue.Queue()
-        self._thread = threading.Thread(target=self._main, name="qtrel-worker", daemon=True)
-        self.state = WorkerState.LOADING
+        self._replicas = [_Replica(self, i) for i in range(replicas)] if mode == "process" else []
+        self._thread = threading.Thread(target=self._serve_local, name="qtrel-worker", daemon=True) \
+            if mode == "thread" else None
+        self._local_state = WorkerState.LOADING
         self.error: str | None = None
         self.info: ModelInfo | None = None
         self.model: RelevanceModel | None = None  # thread mode only; None in process mode
         self.restarts = 0
+        self._lock = threading.Lock()
         self._ready = threading.Event()
+        self._n_ready = 0
+        self._started = False  # every replica was ready once
         self._stopping = False
-        self._proc = None
-        self._conn = None
+        self._stopped = False
         self._on_batch = on_batch  # callback(seconds) per forward, for metrics
-        self._on_restart = on_restart  # callback() when the model process had to be restarted
-
-    def start(self) -> None:
-        self._thread.start()
-
-    def alive(self) -> bool:
-        return self._thread.is_alive() or self.state == WorkerState.LOADING
+        self._on_restart = on_restart  # callback() when a model process had to be restarted
 
     @property
-    def pid(self) -> int | None:
-        """The model process's pid (process mode)."""
-        return self._proc.pid if self._proc is not None else None
+    def replicas(self) -> int:
+        return max(1, len(self._replicas))
+
+    @property
+    def state(self) -> WorkerState:
+        if self._stopped:
+            return WorkerState.STOPPED
+        if self.error is not None:
+            return WorkerState.FAILED
+        if self.mode == "thread":
+            return self._local_state
+        states = [r.state for r in self._replicas]
+        if self._started:  # serving while at least one replica is up
+            return WorkerState.READY if WorkerState.READY in states else WorkerState.RESTARTING
+        return WorkerState.LOADING if WorkerState.LOADING in states else WorkerState.WARMING
+
+    def start(self) -> None:
+        for r in self._replicas:
+            r.thread.start()
+        if self._thread:
+            self._thread.start()
+
+    def alive(self) -> bool:
+        threads = [r.thread for r in self._replicas] or [self._thread]
+        return any(t.is_alive() for t in threads) or self.state == WorkerState.LOADING
+
+    @property
+    def pids(self) -> list[int]:
+        """The model processes' pids (process mode)."""
+        return [r.proc.pid for r in self._replicas if r.proc is not None]
 
     async def wait_ready(self) -> None:
         await asyncio.to_thread(self._ready.wait)
 
     def _submit(self, kind: str, payload) -> cf.Future:
-        # Jobs are taken while a crashed model process restarts: they wait for the new one.
+        # Jobs are taken while a crashed model process restarts: they wait for a live one.
         if self.state not in (WorkerState.READY, WorkerState.RESTARTING):
             raise RuntimeError(f"model is not ready ({self.state.value})")
         fut: cf.Future = cf.Future()
@@ -234,25 +384,38 @@ class Worker:
     def stop(self) -> None:
         self._stopping = True
         self._jobs.put(None)
-        if self._thread.is_alive():
-            self._thread.join(timeout=15)
-        self._close_child()
-        self.state = WorkerState.STOPPED
+        for t in [r.thread for r in self._replicas] + ([self._thread] if self._thread else []):
+            if t.is_alive():
+                t.join(timeout=15)
+        for r in self._replicas:
+            r.close()
+        self._stopped = True
 
-    # --- on the worker thread ----------------------------------------------------------------
-    def _main(self) -> None:
-        try:
-            if self.mode == "thread":
-                self._serve_local()
-            else:
-                self._serve_remote()
-        finally:
-            self._ready.set()
+    # --- called from the replicas' threads -------------------------------------------------
+    def _loaded(self, info: dict) -> None:
+        with self._lock:
+            if self.info is None:
+                tok = PairTokenizer.from_dir(Path(self.spec.model_dir), max_length=info["max_length"])
+                self.info = ModelInfo(tokenizer=tok, **info)
+
+    def _replica_ready(self) -> None:
+        with self._lock:
+            self._n_ready += 1
+            if self._n_ready == len(self._replicas):
+                self._started = True
+                self._ready.set()
+
+    def _restarted(self) -> None:
+        with self._lock:
+            self.restarts += 1
+        if self._on_restart:
+            self._on_restart()
 
     def _fail(self, error: str) -> None:
-        self.state = WorkerState.FAILED
-        self.error = error
-        log.error("model failed to load: %s", error)
+        with self._lock:
+            if self.error is None:
+                self.error = error
+                log.error("model failed to load: %s", error)
         self._ready.set()
         while True:  # anything still queued will not be served
             try:
@@ -261,140 +424,35 @@ class Worker:
                 return
             if job is not None:
                 job[2].set_exception(RuntimeError(f"model is not ready ({error})"))
+            else:
+                self._jobs.put(None)
+                return
 
-    def _next_job(self):
-        """The next job whose caller still waits, or None to stop."""
-        while True:
-            job = self._jobs.get()
-            if job is None or job[2].set_running_or_notify_cancel():
-                return job
-
+    # --- thread mode -------------------------------------------------------------------------
     def _serve_local(self) -> None:
         try:
             model = load_model(self.spec)
             self.model = model
             self.info = ModelInfo(tokenizer=model.tokenizer, **info_of(model))
             if self.spec.warmup:
-                self.state = WorkerState.WARMING
+                self._local_state = WorkerState.WARMING
                 t0 = time.perf_counter()
-                warm(model)
+                warm(model, self.spec.max_batch_tokens)
                 log.info("warm-up done in %.2fs", time.perf_counter() - t0)
         except Exception as e:
             log.error("model failed to load", exc_info=e)
             self._fail(f"{type(e).__name__}: {e}")
             return
-        self.state = WorkerState.READY
+        self._local_state = WorkerState.READY
         self._ready.set()
-        while (job := self._next_job()) is not None:
-            kind, payload, fut = job
-            try:
-                if kind == "forward":
-                    fut.set_result(forward_batch(model, payload))
-                else:
-                    fn, args, kwargs = payload
-                    fut.set_result(fn(model, *args, **kwargs))
-            except BaseException as e:  # reported to the caller of this job only
-                fut.set_exception(e)
-
-    def _spawn(self) -> str | None:
-        """Start a model process and wait until it is warm; the error text if it failed to load."""
-        ctx = mp.get_context("spawn")  # never fork a process that already runs threads
-        parent, child = ctx.Pipe()
-        proc = ctx.Process(target=_child_main, args=(child, self.spec), name="qtrel-model", daemon=True)
-        proc.start()
-        child.close()  # so that the child's death reads as EOF here
-        self._proc, self._conn = proc, parent
         while True:
-            try:
-                kind, payload = parent.recv()
-            except (EOFError, OSError):
-                proc.join(5)
-                return f"the model process exited while loading (exit code {proc.exitcode})"
-            if kind == "failed":
-                proc.join(5)
-                return payload
-            if kind == "loaded":
-                if self.info is None:
-                    tok = PairTokenizer.from_dir(Path(self.spec.model_dir), max_length=payload["max_length"])
-                    self.info = ModelInfo(tokenizer=tok, **payload)
-                if self.state == WorkerState.LOADING:
-                    self.state = WorkerState.WARMING
-            elif kind == "ready":
-                return None
-
-    def _close_child(self) -> None:
-        proc, conn = self._proc, self._conn
-        if proc is None:
-            return
-        try:
-            if proc.is_alive() and conn is not None:
-                conn.send(None)
-        except (OSError, ValueError):
-            pass
-        proc.join(10)
-        if proc.is_alive():
-            proc.kill()
-            proc.join(5)
-        if conn is not None:
-            conn.close()
-
-    def _restart(self, why: str) -> bool:
-        log.error("model process died (%s); restarting it", why)
-        self.state = WorkerState.RESTARTING
-        self.restarts += 1
-        if self._on_restart:
-            self._on_restart()
-        self._close_child()
-        error = self._spawn()
-        if error:
-            self._fail(error)
-            return False
-        self.state = WorkerState.READY
-        log.info("model process restarted (pid %s)", self.pid)
-        return True
-
-    def _serve_remote(self) -> None:
-        try:
-            error = self._spawn()
-        except Exception as e:
-            error = f"{type(e).__name__}: {e}"
-        if error:
-            self._fail(error)
-            return
-        self.state = WorkerState.READY
-        self._ready.set()
-        log.info("model process ready (pid %s)", self.pid)
-        while not self._stopping:
-            try:
-                job = self._jobs.get(timeout=0.5)
-            except queue.Empty:  # idle: notice a dead model process before a request does
-                if not self._stopping and not self._proc.is_alive() and not self._restart(
-                        f"exit code {self._proc.exitcode}"):
-                    return
-                continue
+            job = self._jobs.get()
             if job is None:
                 return
             kind, payload, fut = job
             if not fut.set_running_or_notify_cancel():
                 continue
-            if not self._proc.is_alive() and not self._restart(f"exit code {self._proc.exitcode}"):
-                fut.set_exception(RuntimeError(f"model is not ready ({self.error})"))
-                return
             try:
-                self._conn.send((kind, payload))
-                status, out = self._conn.recv()
-            except (EOFError, OSError, BrokenPipeError) as e:
-                self._proc.join(1)
-                fut.set_exception(WorkerCrashed(f"the model process died during this batch "
-                                                f"(exit code {self._proc.exitcode})"))
-                if self._stopping or not self._restart(f"{type(e).__name__}, exit code {self._proc.exitcode}"):
-                    return
-                continue
-            except Exception as e:  # e.g. an argument that does not pickle: this job only
+                fut.set_result(run_job(model, kind, payload))
+            except BaseException as e:  # reported to the caller of this job only
                 fut.set_exception(e)
-                continue
-            if status == "ok":
-                fut.set_result(out)
-            else:
-                name, message = out
-                fut.set_exception(RemoteError(f"{name}: {message}"))

@@ -88,7 +88,7 @@ def test_model_process_killed_mid_batch_fails_that_batch_and_restarts(tiny_check
     async def main():
         w.start()
         await w.wait_ready()
-        first = w.pid
+        first = w.pids[0]
         enc = w.info.tokenizer.encode(["q"] * 3, ["a title"] * 3)
         held = asyncio.ensure_future(w.call(sleep_on_model, 30))
         queued = asyncio.ensure_future(w.run(list(zip(enc.input_ids, enc.token_type_ids))))
@@ -97,7 +97,7 @@ def test_model_process_killed_mid_batch_fails_that_batch_and_restarts(tiny_check
         with pytest.raises(WorkerCrashed):
             await held
         outs = await queued  # waited for the new child instead of failing
-        assert len(outs) == 3 and w.state == WorkerState.READY and w.pid != first
+        assert len(outs) == 3 and w.state == WorkerState.READY and w.pids[0] != first
 
     asyncio.run(main())
     w.stop()
