@@ -87,29 +87,60 @@ def query_bodies(rows: list[dict], n_queries: int, n_titles: int) -> tuple[list[
     return bodies, pairs
 
 
-def offline_pairs_per_s(model_dir: Path, pair_sets: dict[str, list], threads: int, repeats: int,
-                        dtype: str = "auto") -> dict:
-    """In-process RelevanceModel.predict over each pair set: one warm-up pass, median of the repeats."""
+def _offline_share(model_dir: str, dtype: str, threads: int, pairs: list, repeats: int, start, out) -> None:
+    """One offline process: load, warm up, wait for the others, then time predict `repeats` times."""
     import torch
 
     from model.classifier import RelevanceModel
+
+    torch.set_num_threads(threads)
+    m = RelevanceModel.load(model_dir, dtype=dtype)
+    m.predict(pairs)
+    start.wait()
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        m.predict(pairs)
+        times.append(time.perf_counter() - t0)
+    out.put(times)
+
+
+def offline_pairs_per_s(model_dir: Path, pair_sets: dict[str, list], cores: int, repeats: int,
+                        dtype: str = "auto") -> tuple[dict, dict]:
+    """RelevanceModel.predict over each pair set (length-sorted, 8192-token batches), laid out two ways
+    on the same cores: one process with `cores` torch threads, and `cores` single-thread processes each
+    scoring its share at the same time. The reference is the faster of the two, per pair set.
+    Returns ({set: best pairs/s}, {set: {layout: pairs/s}})."""
+    import multiprocessing as mp
+
+    import torch
+
     from service.engine import resolve_dtype
     from service.settings import Settings
 
-    torch.set_num_threads(threads)
-    m = RelevanceModel.load(model_dir, dtype=resolve_dtype(Settings(dtype=dtype), torch.device("cpu")))
-    print(f"offline: {m.dtype}")
-    out = {}
+    dtype = resolve_dtype(Settings(dtype=dtype), torch.device("cpu"))
+    print(f"offline: {dtype}")
+    ctx = mp.get_context("spawn")
+    best, layouts = {}, {}
     for name, pairs in pair_sets.items():
-        m.predict(pairs)
-        times = []
-        for _ in range(repeats):
-            t0 = time.perf_counter()
-            m.predict(pairs)
-            times.append(time.perf_counter() - t0)
-        out[name] = len(pairs) / statistics.median(times)
-        print(f"offline {name}: {out[name]:.0f} pairs/s over {len(pairs)} pairs")
-    return out
+        layouts[name] = {}
+        for procs, threads in ((1, cores), (cores, 1)) if cores > 1 else ((1, 1),):
+            start, out = ctx.Barrier(procs), ctx.Queue()
+            shares = [pairs[i::procs] for i in range(procs)]
+            workers = [ctx.Process(target=_offline_share, args=(str(model_dir), dtype, threads, share, repeats,
+                                                                 start, out)) for share in shares]
+            for w in workers:
+                w.start()
+            times = [out.get() for _ in workers]
+            for w in workers:
+                w.join()
+            # repeat r ends when its slowest process ends; median over repeats
+            wall = statistics.median(max(t[r] for t in times) for r in range(repeats))
+            layout = f"{procs} process{'es' if procs > 1 else ''} x {threads} thread{'s' if threads > 1 else ''}"
+            layouts[name][layout] = len(pairs) / wall
+            print(f"offline {name}, {layout}: {layouts[name][layout]:.0f} pairs/s over {len(pairs)} pairs")
+        best[name] = max(layouts[name].values())
+    return best, layouts
 
 
 # --- HTTP client ---------------------------------------------------------------------------------
@@ -206,8 +237,21 @@ def metrics_of(text: str) -> dict[str, float]:
 
 
 def cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
+    """CPU time of a process and its live children (the model processes of `qtrel serve`)."""
+    total = 0.0
+    kids = []
+    for task in Path(f"/proc/{pid}/task").glob("*"):  # a child belongs to the thread that started it
+        try:
+            kids += (task / "children").read_text().split()
+        except OSError:
+            continue
+    for p in [str(pid), *kids]:
+        try:
+            fields = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
+        except FileNotFoundError:
+            continue
+        total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
+    return total
 
 
 async def scenario(name: str, base: str, bodies: list[Body], a, server_pid: int | None, *, clients: int = 0,
@@ -283,10 +327,11 @@ class Server:
         return "\n".join(self.log.read_text(errors="replace").splitlines()[-20:])
 
 
-def qtrel_command(model_dir: Path, port: int, threads: int, dtype: str = "auto") -> list[str]:
+def qtrel_command(model_dir: Path, port: int, dtype: str = "auto", extra: list[str] | None = None) -> list[str]:
+    """`qtrel serve` with its default layout of model processes and threads unless `extra` says otherwise."""
     exe = Path(sys.executable).with_name("qtrel")
     return [str(exe) if exe.exists() else "qtrel", "serve", "--model", str(model_dir), "--host", "127.0.0.1",
-            "--port", str(port), "--threads", str(threads), "--dtype", dtype, "--log-level", "warning"]
+            "--port", str(port), "--dtype", dtype, "--log-level", "warning", *(extra or [])]
 
 
 # --- report --------------------------------------------------------------------------------------
@@ -294,14 +339,25 @@ def fmt(x, spec: str = ".0f") -> str:
     return "—" if x is None else format(x, spec)
 
 
+def worker_text(w: dict | None) -> str:
+    if not w:
+        return "its own worker layout"
+    return (f"{w['replicas']} model process{'es' if w['replicas'] > 1 else ''} x {w['threads']} torch "
+            f"thread{'s' if w['threads'] != 1 else ''}" if w["mode"] == "process" else f"model on a thread, "
+            f"{w['threads'] or 'default'} torch threads")
+
+
 def render(r: dict) -> str:
     lines = [
         "## Serving under load (`bench/load.py`)", "",
-        f"`qtrel serve` (dtype {r.get('dtype', 'auto')}, {r['threads']} torch threads, default batching settings) "
-        "on loopback, driven from "
+        f"`qtrel serve` (dtype {r.get('dtype', 'auto')}, {worker_text(r.get('server_worker'))}, default batching "
+        "settings) on loopback, driven from "
         f"a separate client process ({r['http_client']}); each scenario {r['warmup']:g} s warm-up + {r['seconds']:g} "
         "s measured. Latency per request; padding and batch size from the server's /metrics over the window. "
-        "Offline = RelevanceModel.predict on the same pairs in this run (length-sorted, 8192-token batches).", "",
+        "Offline = RelevanceModel.predict on the same pairs in this run (length-sorted, 8192-token batches) on the "
+        f"same {r['cores']} cores, the faster of two layouts: "
+        + "; ".join(f"{name}: " + ", ".join(f"{k} {v:.0f}" for k, v in lay.items())
+                    for name, lay in r.get("offline_layouts", {}).items()) + " pairs/s.", "",
         *machine_lines(r["machine"], r["command"]), f"- model: `{r['model']}`; server: {r['server']}", "",
         "| scenario | pairs/s | offline pairs/s | % of offline | p50 ms | p95 ms | p99 ms | mean batch pairs "
         "| mean padding | client / server cores | errors |",
@@ -338,6 +394,8 @@ def targets(r: dict) -> list[dict]:
 
 
 async def drive_qtrel(base: str, a, bodies_a: list[Body], bodies_b: list[Body], pid: int | None) -> list[dict]:
+    with urllib.request.urlopen(base + "/info", timeout=10) as r:
+        a.server_worker = json.load(r).get("worker")
     a_res = await scenario(f"(a) {a.clients} clients x 1 pair", base, bodies_a, a, pid, clients=a.clients)
     b_res = await scenario(f"(b) {a.query_clients} clients x 1 query, {a.titles} titles", base, bodies_b, a, pid,
                            clients=a.query_clients)
@@ -352,7 +410,10 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", type=Path, help="checkpoint directory (default: the built-in model)")
     p.add_argument("--url", help="target this running server (loopback only) instead of starting one")
-    p.add_argument("--threads", type=int, default=2, help="torch intra-op threads of the server and offline runs")
+    p.add_argument("--cores", type=int, default=len(os.sched_getaffinity(0)),
+                   help="cores the offline runs and the naive server use (default: all usable)")
+    p.add_argument("--server-args", default="", help="extra `qtrel serve` flags, e.g. '--replicas 1 --threads 2' "
+                   "(default: the server's own layout)")
     p.add_argument("--dtype", default="auto", help="precision of the server and the offline run (as QTREL_DTYPE)")
     p.add_argument("--seconds", type=float, default=20.0, help="measured seconds per scenario")
     p.add_argument("--warmup", type=float, default=3.0, help="seconds per scenario before measuring")
@@ -380,37 +441,39 @@ def main() -> int:
     rows = read_dev()
     bodies_a, pairs_a = one_pair_bodies(rows, a.pairs)
     bodies_b, pairs_b = query_bodies(rows, a.queries, a.titles)
-    offline = offline_pairs_per_s(a.model, {"one pair": pairs_a, "query x titles": pairs_b}, a.threads,
+    offline, layouts = offline_pairs_per_s(a.model, {"one pair": pairs_a, "query x titles": pairs_b}, a.cores,
                                   a.offline_repeats, a.dtype)
     md, js = output_paths("load", a.quick)
-    report = {"machine": machine(), "command": command_line(), "model": str(a.model), "threads": a.threads,
+    report = {"machine": machine(), "command": command_line(), "model": str(a.model), "cores": a.cores,
               "dtype": a.dtype,
               "seconds": a.seconds, "warmup": a.warmup, "load_fraction": a.load_fraction, "offline": offline,
+              "offline_layouts": layouts,
               "http_client": Http(1).kind, "quick": a.quick,
               "server": f"--url {base} (its own settings)" if a.url else "started by this script"}
     with tempfile.TemporaryDirectory(prefix="qtrel-load-") as tmp:
         if a.url:
             report["scenarios"] = asyncio.run(drive_qtrel(base, a, bodies_a, bodies_b, None))
         else:
-            cmd = qtrel_command(a.model, int(urlsplit(base).port), a.threads, a.dtype)
+            cmd = qtrel_command(a.model, int(urlsplit(base).port), a.dtype, a.server_args.split())
             with Server(cmd, base, "/health/ready", Path(tmp) / "qtrel.log", a.start_timeout) as srv:
                 report["scenarios"] = asyncio.run(drive_qtrel(base, a, bodies_a, bodies_b, srv.proc.pid))
         if not a.no_naive:
             port = free_port()
             cmd = [sys.executable, str(Path(__file__).with_name("naive_server.py")), "--model", str(a.model),
-                   "--port", str(port), "--threads", str(a.threads)]
+                   "--port", str(port), "--threads", str(a.cores)]
             naive = f"http://127.0.0.1:{port}"
             with Server(cmd, naive, "/health", Path(tmp) / "naive.log", a.start_timeout) as srv:
                 d = asyncio.run(scenario(f"(d) naive transformers server, {a.clients} clients x 1 pair", naive,
                                          bodies_a, a, srv.proc.pid, clients=a.clients, metrics=False))
             report["scenarios"].append(d)
+    report["server_worker"] = getattr(a, "server_worker", None)
     report["targets"] = targets(report)
     report["notes"] = [INFINITY,
                        f"Pools: (a), (c), (d) cycle through the first {len(pairs_a)} dev pairs; (b) through "
                        f"{len(bodies_b)} dev queries, each with its own titles repeated up to {a.titles}.",
                        "(c) latency is measured from each request's scheduled arrival (no coordinated omission).",
                        "(d) answers each request with its own forward on FastAPI's thread pool (several at once), "
-                       f"torch threads = {a.threads}, the same checkpoint in transformers (sdpa, float32).",
+                       f"torch threads = {a.cores}, the same checkpoint in transformers (sdpa, float32).",
                        "Client and server share this machine's cores; their CPU use is in the table."]
     if a.quick:
         report["notes"].append("--quick smoke run: tiny sizes, numbers are not benchmarks.")

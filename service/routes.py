@@ -26,7 +26,7 @@ router = APIRouter()
 ERRORS = {c: {"model": ErrorBody} for c in (400, 408, 413, 422, 429, 499, 500, 503)}
 
 
-def get_engine(request: Request) -> Engine:
+async def get_engine(request: Request) -> Engine:  # async: a sync dependency costs a thread hop per request
     return request.state.engine
 
 
@@ -151,5 +151,7 @@ async def info(engine: EngineDep):
         dtype=m.dtype if m else s.dtype,
         version=_version(),
         state=engine.readiness()[1],
+        worker={"mode": engine.worker.mode, "replicas": engine.worker.replicas, "threads": engine.worker.spec.threads,
+                "restarts": engine.worker.restarts},
         settings=s.public(),
     )

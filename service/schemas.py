@@ -143,4 +143,5 @@ class Info(BaseModel):
     dtype: str
     version: str
     state: str
+    worker: dict  # effective layout: mode, model processes (replicas), torch threads each, restarts
     settings: dict

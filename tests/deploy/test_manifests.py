@@ -203,7 +203,9 @@ def test_pod_runs_as_the_image_user_with_threads_matching_its_cpus():
     assert spec["securityContext"]["runAsNonRoot"] and str(spec["securityContext"]["runAsUser"]) == uid
     for variant in ("", "gpu"):
         c = deployment(variant)["spec"]["template"]["spec"]["containers"][0]
-        assert container_env(variant)["QTREL_THREADS"] == str(c["resources"]["limits"]["cpu"]), variant
+        env = container_env(variant)
+        layout = int(env["QTREL_REPLICAS"]) * int(env["QTREL_THREADS"])
+        assert layout == int(c["resources"]["limits"]["cpu"]), variant
 
 
 def test_selectors_match_the_pod_labels():

@@ -55,3 +55,47 @@ def test_auto_dtype_follows_the_device_and_cpu(monkeypatch):
     monkeypatch.setattr(engine, "cpu_has_native_bf16", lambda: False)
     assert engine.resolve_dtype(auto, torch.device("cpu")) == "float32"
     assert engine.resolve_dtype(Settings(dtype="int8"), torch.device("cpu")) == "int8"
+
+
+# --- where the model runs: processes x threads --------------------------------------------------
+@pytest.mark.parametrize(
+    ("env", "cores", "want"),
+    [
+        ({}, 2, (2, 1)),  # small cpu: one single-thread process per core
+        ({}, 4, (4, 1)),
+        ({}, 16, (4, 4)),  # larger: 4 threads each keeps one batch's latency low
+        ({"threads": 2}, 2, (1, 2)),
+        ({"replicas": 1}, 2, (1, 2)),
+        ({"replicas": 3, "threads": 2}, 2, (3, 2)),  # explicit values win
+        ({"worker": "thread"}, 8, (1, 0)),
+    ],
+)
+def test_worker_layout(env, cores, want):
+    import torch
+
+    from service.engine import resolve_layout
+
+    assert resolve_layout(Settings(**env), torch.device("cpu"), cores) == want
+
+
+def test_worker_layout_on_cuda_is_one_process():
+    import torch
+
+    from service.engine import resolve_layout
+
+    assert resolve_layout(Settings(), torch.device("cuda"), 16) == (1, 0)
+
+
+def test_cgroup_cpu_quota_is_read(tmp_path):
+    from service.engine import cgroup_cpu_limit
+
+    assert cgroup_cpu_limit(tmp_path) is None  # no cgroup files: no limit
+    (tmp_path / "cpu.max").write_text("max 100000\n")
+    assert cgroup_cpu_limit(tmp_path) is None
+    (tmp_path / "cpu.max").write_text("250000 100000\n")
+    assert cgroup_cpu_limit(tmp_path) == 2.5
+    v1 = tmp_path / "v1"
+    (v1 / "cpu").mkdir(parents=True)
+    (v1 / "cpu" / "cpu.cfs_quota_us").write_text("200000\n")
+    (v1 / "cpu" / "cpu.cfs_period_us").write_text("100000\n")
+    assert cgroup_cpu_limit(v1) == 2.0
