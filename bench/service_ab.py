@@ -1,0 +1,90 @@
+"""Two checkpoints served by `qtrel serve`, compared under the same load in one run.
+
+Both servers start once (default layout, loopback) and stay up; short windows of scenario (a) (64
+one-pair clients) and (b) (8 clients x 1 query x 50 titles) alternate between them, round after round,
+so that drift in this shared machine's speed hits both alike. Only one server is driven at a time (the
+other is idle). Reports the median pairs/s and p50 of each, and the speed-up of B over A. Used for the
+pruned default model (docs/heads.md):
+
+  python bench/service_ab.py --a model/default --b runs/pruned60-ft/best --section prune-service
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import statistics
+import sys
+import tempfile
+from contextlib import ExitStack
+from pathlib import Path
+
+from load import Server, free_port, one_pair_bodies, qtrel_command, query_bodies, read_dev, scenario
+from results import ROOT, command_line, machine, machine_lines, output_paths, update_section, write_json
+
+HEADS_MD = ROOT / "docs" / "heads.md"
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--a", type=Path, required=True, help="reference checkpoint")
+    ap.add_argument("--b", type=Path, required=True, help="checkpoint compared with it")
+    ap.add_argument("--rounds", type=int, default=4)
+    ap.add_argument("--seconds", type=float, default=8.0, help="measured seconds per window")
+    ap.add_argument("--warmup", type=float, default=1.5, help="seconds per window before measuring")
+    ap.add_argument("--dtype", default="auto")
+    ap.add_argument("--section", help="write the table into this marker section of docs/heads.md")
+    ap.add_argument("--quick", action="store_true", help="smoke run: 1 round of 1 s windows, nothing written")
+    a = ap.parse_args()
+    if a.quick:
+        a.rounds, a.seconds, a.warmup = 1, 1.0, 0.5
+    rows = read_dev()
+    loads = {"(a) 64 clients x 1 pair": (one_pair_bodies(rows, 4000)[0], 64),
+             "(b) 8 clients x 1 query, 50 titles": (query_bodies(rows, 80, 50)[0], 8)}
+    models = {"A": a.a, "B": a.b}
+    results: dict[str, dict[str, list[tuple[float, float]]]] = {m: {k: [] for k in loads} for m in models}
+    with tempfile.TemporaryDirectory(prefix="qtrel-ab-") as tmp, ExitStack() as stack:
+        urls = {}
+        for name, path in models.items():
+            url = f"http://127.0.0.1:{free_port()}"
+            cmd = qtrel_command(path, int(url.rsplit(":", 1)[1]), a.dtype)
+            stack.enter_context(Server(cmd, url, "/health/ready", Path(tmp) / f"{name}.log", 300))
+            urls[name] = url
+
+        async def drive():
+            for r in range(a.rounds):
+                order = list(models) if r % 2 == 0 else list(models)[::-1]
+                for name in order:
+                    for load, (bodies, clients) in loads.items():
+                        o = await scenario(f"{name} {load}", urls[name], bodies, a, None, clients=clients)
+                        results[name][load].append((o["pairs_per_s"], o["p50_ms"]))
+
+        asyncio.run(drive())
+
+    lines = ["| load | A pairs/s | B pairs/s | B / A | A p50 ms | B p50 ms | B / A per round |",
+             "|---|---:|---:|---:|---:|---:|---|"]
+    summary = {}
+    for load in loads:
+        ra, rb = results["A"][load], results["B"][load]
+        pa, pb = statistics.median(x[0] for x in ra), statistics.median(x[0] for x in rb)
+        la, lb = statistics.median(x[1] for x in ra), statistics.median(x[1] for x in rb)
+        per_round = [y[0] / x[0] for x, y in zip(ra, rb)]
+        summary[load] = {"a": pa, "b": pb, "speedup": pb / pa, "per_round": per_round}
+        lines.append(f"| {load} | {pa:.0f} | {pb:.0f} | {pb / pa:.2f}× | {la:.0f} | {lb:.0f} | "
+                     f"{', '.join(f'{x:.2f}' for x in per_round)} |")
+    m = machine()
+    body = "\n".join([*machine_lines(m, command_line()),
+                      f"- A: `{a.a}`; B: `{a.b}`; `qtrel serve` with its default layout, dtype {a.dtype}; "
+                      f"{a.rounds} rounds of {a.seconds:g} s windows per load, A and B alternating", "", *lines])
+    print("\n" + body)
+    if a.section and not a.quick:
+        _, raw = output_paths(f"service_ab_{a.section}", False)
+        write_json(raw, {"machine": m, "command": command_line(), "a": str(a.a), "b": str(a.b),
+                         "results": results, "summary": summary})
+        update_section(HEADS_MD, a.section, body)
+        print(f"wrote {raw} and the {a.section} section of {HEADS_MD}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
