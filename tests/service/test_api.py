@@ -251,11 +251,11 @@ def test_disconnected_client_work_is_dropped(tiny_checkpoint):
 
 
 def test_failing_forward_fails_only_its_batch(tiny_checkpoint):
-    """Fault injection (model on a thread, so the test can reach it): the module raises for one forward
+    """Fault injection (model on a thread, so the test can reach it): the model raises for one forward
     pass; that request gets a 500 with the error shape, and the next request is served normally."""
     with live_server(tiny_checkpoint, worker="thread") as srv:
-        module = srv.engine.worker.model.module
-        original = module.forward
+        model = srv.engine.worker.model
+        original = model.logits
         calls = {"n": 0}
 
         def failing_once(*a, **kw):
@@ -264,7 +264,7 @@ def test_failing_forward_fails_only_its_batch(tiny_checkpoint):
                 raise RuntimeError("injected fault")
             return original(*a, **kw)
 
-        module.forward = failing_once
+        model.logits = failing_once
         r = httpx.post(srv.url + "/score", json={"query": "q", "titles": ["t"]})
         assert r.status_code == 500
         assert r.json()["error_type"] == "backend" and "injected fault" in r.json()["error"]
