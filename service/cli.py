@@ -95,6 +95,9 @@ def serve(settings) -> int:
         app, host=settings.host, port=settings.port, log_config=None, log_level=settings.log_level,
         timeout_graceful_shutdown=int(settings.drain_timeout_s) or None, access_log=False,
     )
+    from service.worker import quiet_gc
+
+    quiet_gc()  # this process is the server's alone: keep the start-up objects out of the GC's scans
     Server(config).run()
     return 0
 
