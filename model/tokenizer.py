@@ -123,6 +123,8 @@ class PairTokenizer:
     # --- encoding ----------------------------------------------------------------------------
     def encode_texts(self, texts: Sequence[str]) -> list[list[int]]:
         """Word-piece ids of each text, without special tokens or truncation."""
+        if len(texts) <= 4:  # skip the batch call's thread pool for the one-pair requests of a service
+            return [self._tok.encode(t, add_special_tokens=False).ids for t in texts]
         return [e.ids for e in self._tok.encode_batch(list(texts), add_special_tokens=False)]
 
     def tokens(self, ids: Sequence[int]) -> list[str]:
