@@ -152,6 +152,6 @@ async def info(engine: EngineDep):
         version=_version(),
         state=engine.readiness()[1],
         worker={"mode": engine.worker.mode, "replicas": engine.worker.replicas, "threads": engine.worker.spec.threads,
-                "restarts": engine.worker.restarts},
+                "restarts": engine.worker.restarts, "pids": engine.worker.pids},
         settings=s.public(),
     )

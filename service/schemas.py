@@ -143,5 +143,5 @@ class Info(BaseModel):
     dtype: str
     version: str
     state: str
-    worker: dict  # effective layout: mode, model processes (replicas), torch threads each, restarts
+    worker: dict  # effective layout: mode, model processes (replicas), torch threads each, restarts, pids
     settings: dict

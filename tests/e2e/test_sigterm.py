@@ -82,3 +82,37 @@ def test_sigterm_under_load_loses_no_accepted_request(tiny_checkpoint):
     finally:
         if proc.poll() is None:
             proc.kill()
+
+
+def model_pids(url) -> list[int]:
+    return [int(p) for p in httpx.get(url + "/info", timeout=2).json()["worker"].get("pids", [])]
+
+
+def gone(pid: int, timeout: float = 15) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        time.sleep(0.1)
+    return False
+
+
+def test_model_processes_exit_with_the_server(tiny_checkpoint):
+    """No orphans: the model processes end when the server ends, cleanly (SIGTERM) or not (SIGKILL:
+    a model process sees its pipe close and exits)."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        port = free_port()
+        url = f"http://127.0.0.1:{port}"
+        proc = start_server(tiny_checkpoint, port, "--replicas", "2", "--threads", "1")
+        try:
+            wait_ready(url, proc)
+            pids = model_pids(url)
+            assert len(pids) == 2 and proc.pid not in pids
+            proc.send_signal(sig)
+            proc.wait(timeout=60)
+            assert all(gone(p) for p in pids), (sig, pids)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
