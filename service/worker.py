@@ -251,7 +251,10 @@ class _Replica:
         self.state = WorkerState.RESTARTING
         self.worker._restarted()
         self.close()
-        error = self._spawn()
+        try:
+            error = self._spawn()
+        except Exception as e:  # e.g. no memory left to start a process
+            error = f"{type(e).__name__}: {e}"
         if error:
             self.state = WorkerState.FAILED
             self.worker._fail(error)
