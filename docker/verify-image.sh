@@ -167,8 +167,10 @@ say "ready after ${ready_ms} ms"
 # background subshell: the process a container runtime would signal as PID 1.
 target="$(pgrep -P "$server_pid" | head -1)"
 [ -n "$target" ] || die "cannot find the service process"
-rss_ready_mb=$(( $(ps -o rss= -p "$target") / 1024 ))
-echo "resident memory when ready: ${rss_ready_mb} MB"
+# The server and its model processes (their children); shared pages are counted once per process.
+tree_rss_kb() { ps -o rss= -p "$target" --ppid "$target" | awk '{s += $1} END {print s}'; }
+rss_ready_mb=$(( $(tree_rss_kb) / 1024 ))
+echo "resident memory when ready (server + model processes): ${rss_ready_mb} MB"
 
 say "POST /score"
 body='{"query": "cordless drill", "titles": ["DEWALT 20-Volt MAX Lithium-Ion Cordless Drill/Driver Kit"]}'
@@ -205,7 +207,7 @@ q = lambda p: lat[min(len(lat) - 1, int(p * len(lat)))] * 1000
 print(f"requests {len(lat)}; pairs/s {len(lat) * pairs / wall:.0f}; "
       f"latency p50 {q(0.5):.0f} ms, p99 {q(0.99):.0f} ms")
 EOF
-    rss_load_mb=$(( $(ps -o rss= -p "$target") / 1024 ))
+    rss_load_mb=$(( $(tree_rss_kb) / 1024 ))
     echo "resident memory after load: ${rss_load_mb} MB"
 fi
 
