@@ -113,6 +113,13 @@ def _cmd_serve(a) -> int:
     except ValidationError as e:
         print(f"qtrel serve: invalid settings:\n{e}", file=sys.stderr)
         return 2
+    from service.engine import resolve_model_dir
+
+    try:
+        resolve_model_dir(settings)
+    except FileNotFoundError as e:
+        print(f"qtrel serve: {e}", file=sys.stderr)
+        return 2
     return serve(settings)
 
 

@@ -27,19 +27,28 @@ from service.worker import LoadSpec, ModelInfo, PairOutput, Worker, WorkerState
 log = logging.getLogger("qtrel.engine")
 
 
-def default_model_dir() -> Path:
-    """The model shipped inside the package (model/default)."""
+BUILTIN_MODELS = ("default", "pruned")  # shipped inside the package, under model/<name>
+
+
+def default_model_dir(name: str = "default") -> Path:
+    """A model shipped inside the package: model/default, or model/pruned (the default with 75% of its
+    attention heads removed and fine-tuned again, docs/heads.md)."""
     import model
 
-    return Path(model.__file__).resolve().parent / "default"
+    return Path(model.__file__).resolve().parent / name
 
 
 def resolve_model_dir(settings: Settings) -> Path:
-    if settings.model:
+    """A checkpoint directory, `builtin:<name>` for a model shipped in the package, or nothing for the
+    built-in default."""
+    if settings.model and not settings.model.startswith("builtin:"):
         return Path(settings.model)
-    d = default_model_dir()
+    name = (settings.model or "builtin:default").removeprefix("builtin:")
+    if name not in BUILTIN_MODELS:
+        raise FileNotFoundError(f"no built-in model {name!r}; the package ships {', '.join(BUILTIN_MODELS)}")
+    d = default_model_dir(name)
     if not (d / "config.json").is_file():
-        raise FileNotFoundError(f"no --model given and the built-in default model is missing at {d}")
+        raise FileNotFoundError(f"the built-in model {name!r} is missing at {d}")
     return d
 
 

@@ -12,7 +12,8 @@ class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="QTREL_", frozen=True, extra="ignore")
 
     # --- model ---
-    model: str | None = Field(None, description="checkpoint directory; empty = the built-in default model")
+    model: str | None = Field(None, description="checkpoint directory, or builtin:default / builtin:pruned "
+                              "(shipped in the package); empty = the built-in default model")
     device: str = Field("auto", description="cpu, cuda, cuda:N, or auto (cuda when available)")
     dtype: Literal["auto", "float32", "bfloat16", "float16", "int8"] = Field(
         "auto", description="precision; auto = bfloat16 on CPUs with bfloat16 instructions, else float32; "

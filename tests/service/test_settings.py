@@ -99,3 +99,20 @@ def test_cgroup_cpu_quota_is_read(tmp_path):
     (v1 / "cpu" / "cpu.cfs_quota_us").write_text("200000\n")
     (v1 / "cpu" / "cpu.cfs_period_us").write_text("100000\n")
     assert cgroup_cpu_limit(v1) == 2.0
+
+
+def test_model_names_resolve_to_directories(tmp_path):
+    from service.engine import default_model_dir, resolve_model_dir
+
+    assert resolve_model_dir(Settings()) == default_model_dir("default")
+    assert resolve_model_dir(Settings(model="builtin:default")) == default_model_dir("default")
+    assert resolve_model_dir(Settings(model="builtin:pruned")) == default_model_dir("pruned")
+    assert (default_model_dir("pruned") / "config.json").is_file()
+    assert resolve_model_dir(Settings(model=str(tmp_path))) == tmp_path
+    with pytest.raises(FileNotFoundError, match="no built-in model 'tiny'"):
+        resolve_model_dir(Settings(model="builtin:tiny"))
+
+
+def test_serve_refuses_an_unknown_built_in_model(capsys):
+    assert main(["serve", "--model", "builtin:tiny"]) == 2
+    assert "no built-in model 'tiny'" in capsys.readouterr().err
