@@ -25,6 +25,32 @@ from results import ROOT, command_line, machine, machine_lines, output_paths, up
 HEADS_MD = ROOT / "docs" / "heads.md"
 
 
+def offline_speedup(a: Path, b: Path, dtype: str, pairs: list, repeats: int) -> dict:
+    """Both checkpoints in this process (all cores as torch threads), predict over the same dev pairs,
+    A and B alternating within each repeat; median pairs/s of each."""
+    import time
+
+    import torch
+
+    from model.classifier import RelevanceModel
+    from service.engine import resolve_dtype
+    from service.settings import Settings
+
+    dtype = resolve_dtype(Settings(dtype=dtype), torch.device("cpu"))
+    models = {"A": RelevanceModel.load(a, dtype=dtype), "B": RelevanceModel.load(b, dtype=dtype)}
+    times: dict[str, list[float]] = {"A": [], "B": []}
+    for m in models.values():
+        m.predict(pairs)
+    for r in range(repeats):
+        for name in (["A", "B"] if r % 2 == 0 else ["B", "A"]):
+            t0 = time.perf_counter()
+            models[name].predict(pairs)
+            times[name].append(time.perf_counter() - t0)
+    out = {n: len(pairs) / statistics.median(t) for n, t in times.items()}
+    print(f"offline ({dtype}): A {out['A']:.0f} pairs/s, B {out['B']:.0f} pairs/s, B / A {out['B'] / out['A']:.2f}")
+    return {"dtype": dtype, **out}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--a", type=Path, required=True, help="reference checkpoint")
@@ -42,6 +68,8 @@ def main() -> int:
     loads = {"(a) 64 clients x 1 pair": (one_pair_bodies(rows, 4000)[0], 64),
              "(b) 8 clients x 1 query, 50 titles": (query_bodies(rows, 80, 50)[0], 8)}
     models = {"A": a.a, "B": a.b}
+    dev_pairs = [(r["query"], r["title"]) for r in rows[: 200 if a.quick else 2000]]
+    offline = offline_speedup(a.a, a.b, a.dtype, dev_pairs, 1 if a.quick else 5)
     results: dict[str, dict[str, list[tuple[float, float]]]] = {m: {k: [] for k in loads} for m in models}
     with tempfile.TemporaryDirectory(prefix="qtrel-ab-") as tmp, ExitStack() as stack:
         urls = {}
@@ -72,6 +100,8 @@ def main() -> int:
         summary[load] = {"a": pa, "b": pb, "speedup": pb / pa, "per_round": per_round}
         lines.append(f"| {load} | {pa:.0f} | {pb:.0f} | {pb / pa:.2f}× | {la:.0f} | {lb:.0f} | "
                      f"{', '.join(f'{x:.2f}' for x in per_round)} |")
+    lines.append(f"| offline: predict on {len(dev_pairs)} dev pairs, one process, {offline['dtype']} | "
+                 f"{offline['A']:.0f} | {offline['B']:.0f} | {offline['B'] / offline['A']:.2f}× | | | |")
     m = machine()
     body = "\n".join([*machine_lines(m, command_line()),
                       f"- A: `{a.a}`; B: `{a.b}`; `qtrel serve` with its default layout, dtype {a.dtype}; "
@@ -80,7 +110,7 @@ def main() -> int:
     if a.section and not a.quick:
         _, raw = output_paths(f"service_ab_{a.section}", False)
         write_json(raw, {"machine": m, "command": command_line(), "a": str(a.a), "b": str(a.b),
-                         "results": results, "summary": summary})
+                         "results": results, "summary": summary, "offline": offline})
         update_section(HEADS_MD, a.section, body)
         print(f"wrote {raw} and the {a.section} section of {HEADS_MD}")
     return 0
