@@ -31,7 +31,7 @@ BUILTIN_MODELS = ("default", "pruned")  # shipped inside the package, under mode
 
 
 def default_model_dir(name: str = "default") -> Path:
-    """A model shipped inside the package: model/default, or model/pruned (the default with 75% of its
+    """A model shipped inside the package: model/default, or model/pruned (the default with 60% of its
     attention heads removed and fine-tuned again, docs/heads.md)."""
     import model
 
