@@ -90,10 +90,10 @@ def usable_cores() -> int:
 
 def resolve_layout(settings: Settings, device: torch.device, cores: int | None = None) -> tuple[int, int]:
     """(model processes, torch threads in each). On cpu, several single-thread processes beat one
-    multi-thread process: on 2 cores, two 1-thread processes scored 1.1-1.2x the pairs/s of one
-    2-thread process offline, and they do not stall on each other's OpenMP barriers when the HTTP
-    server takes a core for a moment (docs/design.md). Above 4 cores, 4 threads per process keep the
-    latency of one batch low. The thread worker and cuda use one replica."""
+    multi-thread process when serving: they do not stall on each other's OpenMP barriers when the HTTP
+    server takes a core for a moment (on 2 cores: 1.4x the one-pair throughput, docs/design.md). Above
+    4 cores, 4 threads per process keep the latency of one batch low. The thread worker and cuda use
+    one replica."""
     cores = cores or usable_cores()
     if settings.worker == "thread" or device.type == "cuda":
         return 1, settings.threads
