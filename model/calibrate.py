@@ -11,16 +11,12 @@ import torch
 from torch import Tensor
 
 from model.bert import BertForRelevance
-from model.classifier import RelevanceModel, length_batches
+from model.classifier import RelevanceModel
 from model.data import Dataset
 
 
 def dataset_logits(model: RelevanceModel, ds: Dataset) -> Tensor:
-    enc = model.encode(ds.pairs)
-    out = torch.empty(len(enc), len(model.labels))
-    for b in length_batches(enc.lengths, 8192):
-        out[b] = model.logits([enc.input_ids[i] for i in b], [enc.token_type_ids[i] for i in b])
-    return out
+    return model.encoded_logits(model.encode(ds.pairs))
 
 
 def fit_temperature(logits: Tensor, labels: Tensor, lo: float = 0.05, hi: float = 20.0, iters: int = 60) -> float:

@@ -181,6 +181,18 @@ class RelevanceModel:
     ) -> EncodedPairs:
         return self.tokenizer.encode([q for q, _ in pairs], [t for _, t in pairs], truncation=truncation)
 
+    def encoded_logits(
+        self, enc: EncodedPairs, max_batch_tokens: int = 8192, head_mask: Tensor | None = None
+    ) -> Tensor:
+        """(n, levels) float32 logits of encoded pairs, in their order, forwarded in length-sorted batches
+        of at most `max_batch_tokens` padded tokens."""
+        out = torch.empty(len(enc), len(self.labels))
+        for batch in length_batches(enc.lengths, max_batch_tokens):
+            out[batch] = self.logits(
+                [enc.input_ids[i] for i in batch], [enc.token_type_ids[i] for i in batch], head_mask
+            )
+        return out
+
     def predict(
         self,
         pairs: Sequence[tuple[str, str]],
@@ -190,11 +202,7 @@ class RelevanceModel:
     ) -> list[PairScore]:
         """Score pairs in length-sorted batches of at most `max_batch_tokens` padded tokens."""
         enc = self.encode(pairs, truncation)
-        probs = torch.empty(len(enc), len(self.labels))
-        for batch in length_batches(enc.lengths, max_batch_tokens):
-            probs[batch] = self.probs(
-                [enc.input_ids[i] for i in batch], [enc.token_type_ids[i] for i in batch], head_mask
-            )
+        probs = self.encoded_logits(enc, max_batch_tokens, head_mask).softmax(-1)
         levels, scores = self.summarise(probs)
         return [
             PairScore(p, lv, s, n, tr)

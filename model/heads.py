@@ -28,7 +28,7 @@ class HeadEvaluator:
         self.model = model
         self.ds = ds
         self.enc = model.encode(ds.pairs)
-        self.batches = list(length_batches(self.enc.lengths, max_batch_tokens))
+        self.max_batch_tokens = max_batch_tokens
         cfg = model.cfg
         self.layers, self.heads = cfg.num_hidden_layers, cfg.num_attention_heads
         self.base = self.metrics(None)
@@ -37,11 +37,7 @@ class HeadEvaluator:
         return torch.ones(self.layers, self.heads)
 
     def metrics(self, head_mask: Tensor | None) -> dict:
-        k = len(self.model.labels)
-        probs = torch.empty(len(self.enc), k)
-        for b in self.batches:
-            probs[b] = self.model.probs([self.enc.input_ids[i] for i in b], [self.enc.token_type_ids[i] for i in b],
-                                        head_mask)
+        probs = self.model.encoded_logits(self.enc, self.max_batch_tokens, head_mask).softmax(-1)
         m = metrics_from_probs(self.ds, probs)
         return {key: m[key] for key in (*HEADLINE, "rmse_relevance") if key in m}
 
