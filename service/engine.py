@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 
-from model.classifier import cpu_has_native_bf16, level_values
+from model.classifier import cpu_has_native_bf16, level_values, resolve_device
 from model.tokenizer import EncodedPairs
 from service.batcher import Batcher, Closed, DeadlineExceeded, Overloaded
 from service.errors import ErrorKind, ServiceError
@@ -119,8 +119,6 @@ class Engine:
         self.metrics = metrics
         self.model_dir = resolve_model_dir(settings)
         self.draining = False
-        from model.classifier import resolve_device
-
         device = resolve_device(settings.device)
         replicas, threads = resolve_layout(settings, device)
         spec = LoadSpec(str(self.model_dir), device=str(device), dtype=resolve_dtype(settings, device),

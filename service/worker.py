@@ -135,6 +135,17 @@ def warm(model: RelevanceModel, max_tokens: int = 8192) -> None:
             model.logits(ids, [[0] * length] * size)
 
 
+def start_model(spec: LoadSpec, loaded: Callable[[RelevanceModel], None]) -> RelevanceModel:
+    """Load the model, tell `loaded`, then warm it up (if the spec says so): the start of either mode."""
+    model = load_model(spec)
+    loaded(model)
+    if spec.warmup:
+        t0 = time.perf_counter()
+        warm(model, spec.max_batch_tokens)
+        log.info("warm-up done in %.2fs", time.perf_counter() - t0)
+    return model
+
+
 def forward_in_halves(forward: Callable[[Sequence[Encoded]], torch.Tensor], batch: Sequence[Encoded]) -> torch.Tensor:
     """Run `forward`; on a CUDA out-of-memory error split the batch in two and retry each half."""
     try:
@@ -172,12 +183,7 @@ def _child_main(conn, spec: LoadSpec) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     try:
-        model = load_model(spec)
-        conn.send(("loaded", info_of(model)))
-        if spec.warmup:
-            t0 = time.perf_counter()
-            warm(model, spec.max_batch_tokens)
-            log.info("warm-up done in %.2fs", time.perf_counter() - t0)
+        model = start_model(spec, lambda m: conn.send(("loaded", info_of(m))))
         quiet_gc()
         release_free_memory()
         conn.send(("ready", None))
@@ -218,6 +224,12 @@ class _Replica:
 
     def _spawn(self) -> str | None:
         """Start a model process and wait until it is warm; the error text if it failed to load."""
+        try:
+            return self._start_process()
+        except Exception as e:  # e.g. no memory left to start a process
+            return f"{type(e).__name__}: {e}"
+
+    def _start_process(self) -> str | None:
         ctx = mp.get_context("spawn")  # never fork a process that already runs threads
         parent, child = ctx.Pipe()
         proc = ctx.Process(target=_child_main, args=(child, self.worker.spec), name=f"qtrel-model-{self.index}",
@@ -262,10 +274,7 @@ class _Replica:
         self.state = WorkerState.RESTARTING
         self.worker._restarted()
         self.close()
-        try:
-            error = self._spawn()
-        except Exception as e:  # e.g. no memory left to start a process
-            error = f"{type(e).__name__}: {e}"
+        error = self._spawn()
         if error:
             self.state = WorkerState.FAILED
             self.worker._fail(error)
@@ -276,10 +285,7 @@ class _Replica:
 
     def _main(self) -> None:
         w = self.worker
-        try:
-            error = self._spawn()
-        except Exception as e:
-            error = f"{type(e).__name__}: {e}"
+        error = self._spawn()
         if error:
             self.state = WorkerState.FAILED
             w._fail(error)
@@ -459,15 +465,13 @@ class Worker:
 
     # --- thread mode -------------------------------------------------------------------------
     def _serve_local(self) -> None:
-        try:
-            model = load_model(self.spec)
+        def loaded(model: RelevanceModel) -> None:
             self.model = model
             self.info = ModelInfo(tokenizer=model.tokenizer, **info_of(model))
-            if self.spec.warmup:
-                self._local_state = WorkerState.WARMING
-                t0 = time.perf_counter()
-                warm(model, self.spec.max_batch_tokens)
-                log.info("warm-up done in %.2fs", time.perf_counter() - t0)
+            self._local_state = WorkerState.WARMING
+
+        try:
+            model = start_model(self.spec, loaded)
         except Exception as e:
             log.error("model failed to load", exc_info=e)
             self._fail(f"{type(e).__name__}: {e}")
