@@ -41,16 +41,17 @@ def finetune(path: Path, steps: int, threads: int) -> None:
                     save_every=10**9, threads=threads, progress=False))
 
 
-def throughput(models: dict[str, RelevanceModel], pairs, repeats: int) -> dict[str, float]:
+def throughput(models: dict[str, RelevanceModel], pairs, repeats: int, max_batch_tokens: int = 4096,
+               warmup_pairs: int = 256) -> dict[str, float]:
     """Pairs/s per model, median over repeats, models interleaved (order rotated) within each repeat."""
     names = list(models)
     times: dict[str, list[float]] = {n: [] for n in names}
     for n in names:
-        models[n].predict(pairs[:256])  # warm-up: kernel selection per shape
+        models[n].predict(pairs[:warmup_pairs])  # warm-up: kernel selection per shape
     for r in range(repeats):
         for n in names[r % len(names):] + names[: r % len(names)]:
             t0 = time.perf_counter()
-            models[n].predict(pairs, max_batch_tokens=4096)
+            models[n].predict(pairs, max_batch_tokens=max_batch_tokens)
             times[n].append(time.perf_counter() - t0)
     return {n: len(pairs) / statistics.median(ts) for n, ts in times.items()}
 

@@ -29,9 +29,8 @@ HEADS_MD = ROOT / "docs" / "heads.md"
 def offline_speedup(a: Path, b: Path, dtype: str, pairs: list, repeats: int) -> dict:
     """Both checkpoints in this process (all cores as torch threads), predict over the same dev pairs,
     A and B alternating within each repeat; median pairs/s of each."""
-    import time
-
     import torch
+    from prune_tradeoff import throughput
 
     from model.classifier import RelevanceModel
     from service.engine import resolve_dtype
@@ -39,15 +38,7 @@ def offline_speedup(a: Path, b: Path, dtype: str, pairs: list, repeats: int) -> 
 
     dtype = resolve_dtype(Settings(dtype=dtype), torch.device("cpu"))
     models = {"A": RelevanceModel.load(a, dtype=dtype), "B": RelevanceModel.load(b, dtype=dtype)}
-    times: dict[str, list[float]] = {"A": [], "B": []}
-    for m in models.values():
-        m.predict(pairs)
-    for r in range(repeats):
-        for name in (["A", "B"] if r % 2 == 0 else ["B", "A"]):
-            t0 = time.perf_counter()
-            models[name].predict(pairs)
-            times[name].append(time.perf_counter() - t0)
-    out = {n: len(pairs) / statistics.median(t) for n, t in times.items()}
+    out = throughput(models, pairs, repeats, max_batch_tokens=8192, warmup_pairs=len(pairs))
     print(f"offline ({dtype}): A {out['A']:.0f} pairs/s, B {out['B']:.0f} pairs/s, B / A {out['B'] / out['A']:.2f}")
     return {"dtype": dtype, **out}
 
