@@ -1,18 +1,28 @@
-"""Temperature scaling (Guo et al., 2017): one scalar T fitted for log-loss on held-out labelled pairs,
-folded into the head (W/T, b/T), so the calibrated checkpoint is a plain checkpoint. The argmax level,
-and so accuracy, F1 and QWK, cannot change; probabilities and the expected level do."""
+"""Post-hoc calibration on held-out labelled pairs, stored in the checkpoint:
+
+1. Temperature scaling (Guo et al., 2017): one scalar T fitted for log-loss, folded into the head
+   (W/T, b/T), so the calibrated checkpoint is a plain checkpoint; the argmax cannot change.
+2. The level rule (model.scoring): cut points on the calibrated expected level fitted for quadratic
+   weighted kappa, with every level used for at least `min_share` of the pairs. Stored as
+   `qtrel_level_cuts` in config.json and applied by the model wherever it scores.
+"""
 
 from __future__ import annotations
 
 import math
+import random
 from dataclasses import replace
+from pathlib import Path
 
 import torch
 from torch import Tensor
 
 from model.bert import BertForRelevance
+from model.checkpoint import load_module, save_checkpoint
 from model.classifier import RelevanceModel
-from model.data import Dataset
+from model.data import Dataset, read_labelled
+from model.metrics import quadratic_kappa
+from model.scoring import LevelRule, fit_cuts, score_logits
 
 
 def dataset_logits(model: RelevanceModel, ds: Dataset) -> Tensor:
@@ -22,6 +32,7 @@ def dataset_logits(model: RelevanceModel, ds: Dataset) -> Tensor:
 def fit_temperature(logits: Tensor, labels: Tensor, lo: float = 0.05, hi: float = 20.0, iters: int = 60) -> float:
     """The T minimising cross-entropy of logits / T; golden-section search on log T (the loss is
     unimodal in T)."""
+
     def loss(log_t: float) -> float:
         return torch.nn.functional.cross_entropy(logits / math.exp(log_t), labels).item()
 
@@ -48,3 +59,55 @@ def fold_temperature(module: BertForRelevance, t: float) -> None:
     module.classifier.bias.div_(t)
     total = float(module.cfg.extra.get("qtrel_temperature", 1.0)) * t
     module.cfg = replace(module.cfg, extra={**module.cfg.extra, "qtrel_temperature": round(total, 6)})
+
+
+def set_level_rule(module: BertForRelevance, rule: LevelRule) -> None:
+    module.cfg = replace(module.cfg, extra={**module.cfg.extra, **rule.to_extra()})
+
+
+def crossfit_qwk(ds: Dataset, expected: Tensor, k: int, min_share: float, seed: int = 0) -> float:
+    """QWK of cut points fitted on one half of the queries and applied to the other, both ways: an
+    estimate of the level rule's kappa on unseen queries (fitting and scoring on the same pairs flatters it)."""
+    queries = sorted({e.query for e in ds.examples})
+    random.Random(seed).shuffle(queries)
+    half = set(queries[: len(queries) // 2])
+    a = [i for i, e in enumerate(ds.examples) if e.query in half]
+    b = [i for i, e in enumerate(ds.examples) if e.query not in half]
+    y = ds.labels
+    pred = [0] * len(ds)
+    for fit, apply in ((a, b), (b, a)):
+        cuts = fit_cuts([float(expected[i]) for i in fit], [y[i] for i in fit], k, min_share)
+        lv = LevelRule(cuts).levels(torch.empty(0), expected[apply])
+        for i, v in zip(apply, lv.tolist()):
+            pred[i] = v
+    return quadratic_kappa(y, pred, k)
+
+
+def calibrate(model_dir: str | Path, data_file: str | Path, out: str | Path, cuts: bool = True,
+              min_share: float = 0.02) -> dict:
+    """Fit the temperature (and, with `cuts`, the level rule) on `data_file`; write the checkpoint to `out`."""
+    module = load_module(model_dir)
+    model = RelevanceModel.load(model_dir, fast=False)  # its own copy: the module above stays trainable
+    ds = read_labelled(data_file, model.labels)
+    logits = dataset_logits(model, ds)
+    y = torch.tensor(ds.labels)
+    t = fit_temperature(logits, y)
+    before = torch.nn.functional.cross_entropy(logits, y).item()
+    after = torch.nn.functional.cross_entropy(logits / t, y).item()
+    fold_temperature(module, t)
+    report = {"temperature": round(t, 4), "log_loss_before": round(before, 4), "log_loss_after": round(after, 4),
+              "pairs": len(ds), "out": str(out)}
+    if cuts:
+        k = len(model.labels)
+        expected = score_logits(logits / t, model.values, LevelRule()).expected
+        rule = LevelRule(fit_cuts(expected.tolist(), ds.labels, k, min_share))
+        set_level_rule(module, rule)
+        argmax = score_logits(logits / t, model.values, LevelRule()).level.tolist()
+        report.update({
+            "level_cuts": list(rule.to_extra().values())[0],
+            "qwk_argmax": round(quadratic_kappa(ds.labels, argmax, k), 4),
+            "qwk_cuts": round(quadratic_kappa(ds.labels, rule.levels(torch.empty(0), expected).tolist(), k), 4),
+            "qwk_cuts_crossfit": round(crossfit_qwk(ds, expected, k, min_share), 4),
+        })
+    save_checkpoint(module, model.tokenizer, out)
+    return report

@@ -150,6 +150,12 @@ def load_config(path: Path) -> BertConfig:
         raise CheckpointError(f"{path / 'config.json'}: {e}") from e
 
 
+def has_head(path: str | Path) -> bool:
+    """Whether the checkpoint at `path` carries a classification head (`classifier.weight`)."""
+    state, _ = hf_to_ours(read_weights(Path(path)))
+    return "classifier.weight" in state
+
+
 def load_module(path: str | Path, num_labels_fallback: bool = False) -> BertForRelevance:
     """Build the relevance module from a checkpoint directory.
 

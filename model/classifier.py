@@ -1,8 +1,9 @@
 """The graded-relevance model as a library: load, encode, score.
 
 `RelevanceModel` joins the tokenizer and the module on one device and precision. Scores are always
-float32: probabilities per level, the predicted level, and the expected level sum_k level_k * p(k),
-a single number that ranks titles for a query.
+float32 and defined once, in `model.scoring`: probabilities per level, the expected level
+sum_k level_k * p(k) (a single number that ranks titles for a query), and the level chosen by the
+checkpoint's level rule.
 """
 
 from __future__ import annotations
@@ -14,10 +15,13 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
-from model.bert import BertForRelevance, can_pack, pack_for_cpu
+from model.bert import BertForRelevance, can_pack, pack_for_cpu, warm_linear_shapes
 from model.checkpoint import CheckpointError, load_module, save_checkpoint
 from model.config import BertConfig
+from model.scoring import LevelRule, ScoredBatch, level_values, score_logits
 from model.tokenizer import EncodedPairs, PairTokenizer, Truncation
+
+__all__ = ["RelevanceModel", "PairScore", "level_values", "pad_batch", "length_batches", "new_from_encoder"]
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "int8": None}
 DEFAULT_LEVELS = ["1", "2", "3", "4", "5"]
@@ -26,19 +30,10 @@ DEFAULT_LEVELS = ["1", "2", "3", "4", "5"]
 @dataclass
 class PairScore:
     probs: list[float]  # per level, in the order of `RelevanceModel.labels`
-    level: str  # label of the most probable level
+    level: str  # label of the level chosen by the model's level rule
     score: float  # expected level
     tokens: int
     truncated: bool
-
-
-def level_values(labels: Sequence[str]) -> Tensor:
-    """Numeric value of each level for the expected-level score: the label itself when numeric,
-    else its 1-based rank."""
-    try:
-        return torch.tensor([float(x) for x in labels])
-    except ValueError:
-        return torch.arange(1, len(labels) + 1, dtype=torch.float32)
 
 
 def pad_batch(
@@ -123,7 +118,11 @@ class RelevanceModel:
             pack_for_cpu(module)
         self.module = module
         self.labels = self.cfg.labels
-        self._values = level_values(self.labels)
+        self.values = level_values(self.labels)
+        try:
+            self.rule = LevelRule.from_extra(self.cfg.extra, len(self.labels))
+        except ValueError as e:
+            raise CheckpointError(f"config.json: {e}") from None
 
     @classmethod
     def load(
@@ -139,6 +138,24 @@ class RelevanceModel:
     @property
     def max_length(self) -> int:
         return self.tokenizer.max_length
+
+    def describe(self) -> dict:
+        """What a server reports about the loaded model (plain JSON-ready values)."""
+        return {"name": self.name, "labels": list(self.labels), "max_length": self.max_length,
+                "device": str(self.device), "dtype": self.dtype, "level_rule": self.rule.name,
+                "level_cuts": None if self.rule.cuts is None else list(self.rule.cuts)}
+
+    def warm_up(self, max_batch_tokens: int = 8192) -> None:
+        """Forward passes over a spread of lengths and batch sizes, and (unpadded path) every linear layer
+        at every packed token count up to `max_batch_tokens`: first-call allocations and kernel builds
+        happen here, not on a user's request."""
+        if self.unpadded:
+            warm_linear_shapes(self.module, max_batch_tokens)
+        vocab = min(self.tokenizer.vocab_size, self.cfg.vocab_size)
+        for length in sorted({8, 32, self.max_length}):
+            for size in (1, 8):
+                ids = [[self.tokenizer.cls_id] + [1000 % vocab] * (length - 2) + [self.tokenizer.sep_id]] * size
+                self.logits(ids, [[0] * length] * size)
 
     def save(self, path: str | Path, dtype: torch.dtype | None = None) -> None:
         if self.dtype == "int8" or self.packed:
@@ -170,11 +187,9 @@ class RelevanceModel:
         """(B, levels) float32 probabilities."""
         return self.logits(input_ids, token_type_ids, head_mask).softmax(-1)
 
-    def summarise(self, probs: Tensor) -> tuple[list[str], list[float]]:
-        """Predicted level labels and expected-level scores for (B, levels) probabilities."""
-        levels = [self.labels[i] for i in probs.argmax(-1).tolist()]
-        scores = (probs @ self._values).tolist()
-        return levels, scores
+    def score(self, logits: Tensor) -> ScoredBatch:
+        """(B, levels) logits -> probabilities, expected level and the rule's level (model.scoring)."""
+        return score_logits(logits, self.values, self.rule)
 
     def encode(
         self, pairs: Sequence[tuple[str, str]], truncation: Truncation = "only_second"
@@ -202,11 +217,11 @@ class RelevanceModel:
     ) -> list[PairScore]:
         """Score pairs in length-sorted batches of at most `max_batch_tokens` padded tokens."""
         enc = self.encode(pairs, truncation)
-        probs = self.encoded_logits(enc, max_batch_tokens, head_mask).softmax(-1)
-        levels, scores = self.summarise(probs)
+        s = self.score(self.encoded_logits(enc, max_batch_tokens, head_mask))
         return [
-            PairScore(p, lv, s, n, tr)
-            for p, lv, s, n, tr in zip(probs.tolist(), levels, scores, enc.lengths, enc.truncated)
+            PairScore(p, self.labels[lv], e, n, tr)
+            for p, lv, e, n, tr in zip(s.probs.tolist(), s.level.tolist(), s.expected.tolist(), enc.lengths,
+                                       enc.truncated)
         ]
 
 
@@ -234,9 +249,16 @@ def new_from_encoder(
     module = BertForRelevance(cfg, with_pooler=True)
     module.init_weights(seed)
     src = encoder.state_dict()
+    mismatched = [
+        f"{k}: {tuple(src[k].shape)} vs {tuple(v.shape)}"
+        for k, v in module.state_dict().items()
+        if k in src and not k.startswith("classifier.") and src[k].shape != v.shape
+    ]
+    if mismatched:  # never train a tensor as if it were pretrained when it was not copied
+        raise CheckpointError(f"{path}: encoder tensors do not fit the new model: {'; '.join(mismatched)}")
     with torch.no_grad():
         for k, v in module.state_dict().items():
-            if k in src and not k.startswith("classifier.") and src[k].shape == v.shape:
+            if k in src and not k.startswith("classifier."):
                 v.copy_(src[k])
     tok = PairTokenizer.from_dir(path, max_length=min(max_length, cfg.max_position_embeddings))
     return module, tok

@@ -1,29 +1,71 @@
-"""Evaluation of a relevance model on a labelled file: the `qtrel eval` metrics."""
+"""Evaluation of a relevance model on a labelled file: the `qtrel eval` metrics, and how it grades
+unrelated titles (sampled negatives)."""
 
 from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Sequence
 
 import torch
 
 from model.classifier import RelevanceModel
-from model.data import Dataset
+from model.data import Dataset, Example
 from model.metrics import all_metrics
+from model.scoring import ScoredBatch
 
 
-def metrics_from_probs(ds: Dataset, probs: torch.Tensor) -> dict:
-    """All metrics for (n, levels) probabilities of `ds`'s pairs. The expected level is taken on the
-    1..k rank scale, whatever the labels' own values."""
-    k = probs.shape[1]
-    ranks = torch.arange(1, k + 1, dtype=probs.dtype)
+def metrics_of(ds: Dataset, scored: ScoredBatch) -> dict:
+    """All metrics for the scored pairs of `ds` (levels by the model's rule, scores its expected
+    level). The expected level is on the 1..k rank scale for the numeric Home Depot levels."""
+    k = scored.probs.shape[1]
     return all_metrics(
         queries=[e.query for e in ds.examples],
         y_true=ds.labels,
-        y_pred=probs.argmax(-1).tolist(),
-        scores=(probs @ ranks).tolist(),
+        y_pred=scored.level.tolist(),
+        scores=scored.expected.tolist(),
         k=k,
         relevance=[e.relevance for e in ds.examples],
     )
 
 
+def score_dataset(model: RelevanceModel, examples: Sequence[Example], max_batch_tokens: int = 8192) -> ScoredBatch:
+    enc = model.encode([(e.query, e.title) for e in examples])
+    return model.score(model.encoded_logits(enc, max_batch_tokens))
+
+
 def evaluate(model: RelevanceModel, ds: Dataset, max_batch_tokens: int = 8192) -> dict:
-    preds = model.predict(ds.pairs, max_batch_tokens=max_batch_tokens)
-    return metrics_from_probs(ds, torch.tensor([p.probs for p in preds]))
+    return metrics_of(ds, score_dataset(model, ds.examples, max_batch_tokens))
+
+
+def negatives_report(ds: Dataset, judged: ScoredBatch, negatives: Sequence[Example], neg: ScoredBatch) -> dict:
+    """How unrelated titles are graded: the share at the lowest level, at the lowest two, and the AUC of
+    judged candidates against the negatives of the same query (ties count half)."""
+    lv = neg.level
+    by_query: dict[str, list[float]] = defaultdict(list)
+    for e, s in zip(negatives, neg.expected.tolist()):
+        by_query[e.query].append(s)
+    wins = total = 0.0
+    for e, s in zip(ds.examples, judged.expected.tolist()):
+        for n in by_query.get(e.query, ()):
+            wins += 1.0 if s > n else 0.5 if s == n else 0.0
+            total += 1
+    return {
+        "n": len(negatives),
+        "level1_share": (lv == 0).float().mean().item(),
+        "level12_share": (lv <= 1).float().mean().item(),
+        "mean_score": neg.expected.mean().item(),
+        "auc": wins / total if total else float("nan"),
+    }
+
+
+def evaluate_negatives(
+    model: RelevanceModel, ds: Dataset, negatives: Sequence[Example], max_batch_tokens: int = 8192
+) -> dict:
+    """`negatives_report` for sampled negatives of `ds`'s queries (model.negatives)."""
+    judged = score_dataset(model, ds.examples, max_batch_tokens)
+    return negatives_report(ds, judged, negatives, score_dataset(model, negatives, max_batch_tokens))
+
+
+def levels_histogram(levels: torch.Tensor, k: int) -> list[float]:
+    """Share of pairs given each level."""
+    return (torch.bincount(levels, minlength=k).double() / max(1, len(levels))).tolist()

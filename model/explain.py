@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from model.classifier import RelevanceModel, level_values, pad_batch
+from model.classifier import RelevanceModel, pad_batch
 from model.tokenizer import Truncation
 
 SUMMARY_DECIMALS = 6  # per-head summaries and attributions
@@ -84,10 +84,6 @@ def term_matching(att: Tensor, ids: list[int], layout: PairLayout) -> tuple[Tens
     return q2t, t2q
 
 
-def expected_level(model: RelevanceModel, probs: Tensor) -> Tensor:
-    return probs @ level_values(model.labels)
-
-
 @torch.inference_mode()
 def attentions(model: RelevanceModel, ids: list[int], seg: list[int]) -> tuple[Tensor, list[Tensor]]:
     """One pair on the plain path -> float32 cpu logits (levels,) and per layer (heads kept, T, T)."""
@@ -111,9 +107,9 @@ def occlusion(
         c[i] = mask_id
         copies.append(c)
     rows = max(1, max_batch_tokens // len(ids))
-    probs = torch.cat([model.probs(copies[k : k + rows], [seg] * len(copies[k : k + rows]))
+    logits = torch.cat([model.logits(copies[k : k + rows], [seg] * len(copies[k : k + rows]))
                        for k in range(0, len(copies), rows)])
-    scores = expected_level(model, probs)
+    scores = model.score(logits).expected
     drop = (scores[0] - scores[1:]).double()
     out: list[float | None] = [None] * len(ids)
     for i, d in zip(layout.content, drop.round(decimals=SUMMARY_DECIMALS).tolist()):
@@ -136,7 +132,8 @@ def explain_pair(
     ids, seg = enc.input_ids[0], enc.token_type_ids[0]
     layout = PairLayout.of(seg)
     logits, att_layers = attentions(model, ids, seg)
-    probs = logits.softmax(-1)
+    scored = model.score(logits.unsqueeze(0))
+    probs = scored.probs[0]
     cfg = model.cfg
     heads = [cfg.heads_in_layer(layer) for layer in range(cfg.num_hidden_layers)]
 
@@ -175,12 +172,11 @@ def explain_pair(
         ]
 
     attribution, replacement = occlusion(model, ids, seg, layout)
-    top = int(probs.argmax())
     out = {
         "model": model.name,
         "labels": list(model.labels),
-        "level": model.labels[top],
-        "score": round(float(expected_level(model, probs)), SUMMARY_DECIMALS),
+        "level": model.labels[int(scored.level[0])],
+        "score": round(float(scored.expected[0]), SUMMARY_DECIMALS),
         "probs": dict(zip(model.labels, _round(probs, SUMMARY_DECIMALS))),
         "truncated": enc.truncated[0],
         "tokens": [

@@ -16,7 +16,7 @@ from torch import Tensor, nn
 from model.bert import BertForRelevance
 from model.classifier import RelevanceModel, length_batches, pad_batch
 from model.data import Dataset
-from model.evaluate import metrics_from_probs
+from model.evaluate import metrics_of
 
 HEADLINE = ("accuracy", "macro_f1", "qwk", "ndcg@10", "rmse_level")
 
@@ -37,8 +37,7 @@ class HeadEvaluator:
         return torch.ones(self.layers, self.heads)
 
     def metrics(self, head_mask: Tensor | None) -> dict:
-        probs = self.model.encoded_logits(self.enc, self.max_batch_tokens, head_mask).softmax(-1)
-        m = metrics_from_probs(self.ds, probs)
+        m = metrics_of(self.ds, self.model.score(self.model.encoded_logits(self.enc, self.max_batch_tokens, head_mask)))
         return {key: m[key] for key in (*HEADLINE, "rmse_relevance") if key in m}
 
     def relative(self, head_mask: Tensor | None) -> dict:

@@ -33,6 +33,15 @@ def _add_train(sub) -> None:
     p.add_argument("--device", default="cpu")
     p.add_argument("--threads", type=int, default=0)
     p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--negatives", type=float, default=0.0,
+                   help="sampled unrelated pairs per judged pair, fresh each epoch, labelled with the lowest level")
+    p.add_argument("--dev-negatives", type=float, default=1.0, help="negatives per dev pair for the dev report")
+    p.add_argument("--mse-weight", type=float, default=0.0,
+                   help="weight of the squared error of the expected level beside cross-entropy")
+    p.add_argument("--label-smoothing", type=float, default=0.0)
+    p.add_argument("--bf16", action="store_true", help="train under bfloat16 autocast (fast with AMX / AVX512-BF16)")
+    p.add_argument("--patience", type=int, default=0,
+                   help="stop after this many dev evaluations without improvement (0: never)")
 
 
 def _cmd_train(a) -> int:
@@ -46,7 +55,8 @@ def _cmd_train(a) -> int:
         batch_size=a.batch_size, lr=a.lr, weight_decay=a.weight_decay, warmup_ratio=a.warmup_ratio,
         max_grad_norm=a.max_grad_norm, max_length=a.max_length, seed=a.seed, eval_every=a.eval_every,
         select=a.select, save_every=a.save_every, max_steps=a.max_steps, device=a.device,
-        threads=a.threads, progress=not a.no_progress,
+        threads=a.threads, progress=not a.no_progress, negatives=a.negatives, dev_negatives=a.dev_negatives,
+        mse_weight=a.mse_weight, label_smoothing=a.label_smoothing, bf16=a.bf16, patience=a.patience,
     )
     summary = train(args)
     print(json.dumps({k: v for k, v in summary.items() if k != "losses"}, indent=2))
@@ -327,32 +337,18 @@ def _cmd_export(a) -> int:
 
 
 def _add_calibrate(sub) -> None:
-    p = sub.add_parser("calibrate", help="fit a temperature for log-loss on a labelled file and fold it into the head")
+    p = sub.add_parser("calibrate", help="fit a temperature (log-loss) and the level cut points (QWK) on a held-out labelled file")
     p.add_argument("model", help="checkpoint directory")
     p.add_argument("data", help="held-out labelled file (not the training file)")
     p.add_argument("--out", required=True)
+    p.add_argument("--no-cuts", action="store_true", help="keep argmax: do not fit the level rule's cut points")
+    p.add_argument("--min-share", type=float, default=0.02, help="least share of pairs each level must be given")
 
 
 def _cmd_calibrate(a) -> int:
-    import torch
+    from model.calibrate import calibrate
 
-    from model.calibrate import dataset_logits, fit_temperature, fold_temperature
-    from model.checkpoint import load_module, save_checkpoint
-    from model.classifier import RelevanceModel
-    from model.data import read_labelled
-
-    model = RelevanceModel.load(a.model)
-    ds = read_labelled(a.data, model.labels)
-    logits = dataset_logits(model, ds)
-    y = torch.tensor(ds.labels)
-    t = fit_temperature(logits, y)
-    before = torch.nn.functional.cross_entropy(logits, y).item()
-    after = torch.nn.functional.cross_entropy(logits / t, y).item()
-    module = load_module(a.model)
-    fold_temperature(module, t)
-    save_checkpoint(module, model.tokenizer, a.out)
-    print(json.dumps({"temperature": round(t, 4), "log_loss_before": round(before, 4),
-                      "log_loss_after": round(after, 4), "pairs": len(ds), "out": a.out}))
+    print(json.dumps(calibrate(a.model, a.data, a.out, cuts=not a.no_cuts, min_share=a.min_share)))
     return 0
 
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 
-from model.classifier import cpu_has_native_bf16, level_values, resolve_device
+from model.classifier import cpu_has_native_bf16, resolve_device
 from model.tokenizer import EncodedPairs
 from service.batcher import Batcher, Closed, DeadlineExceeded, Overloaded
 from service.errors import ErrorKind, ServiceError
@@ -128,7 +128,6 @@ class Engine:
                              on_batch=metrics.inference_seconds.observe, on_restart=metrics.worker_restarts.inc)
         self.batcher: Batcher | None = None
         self._tok_pool = ThreadPoolExecutor(1, thread_name_prefix="qtrel-tokenize")
-        self._values: list[float] = []
 
     # --- lifecycle ----------------------------------------------------------------------------
     async def start(self) -> None:
@@ -148,7 +147,6 @@ class Engine:
         await self.worker.wait_ready()
         if self.worker.state == WorkerState.READY:
             m = self.model
-            self._values = level_values(m.labels).tolist()
             self.metrics.model_info.labels(m.name, str(m.device), m.dtype, _version()).set(1)
             self.metrics.ready.set(1)
 
@@ -245,12 +243,8 @@ class Engine:
         self.metrics.pairs.inc(len(outputs))
         labels = self.model.labels
         for o in outputs:
-            self.metrics.levels.labels(labels[o.best]).inc()
+            self.metrics.levels.labels(labels[o.level]).inc()
         return Scored(list(outputs), enc)
-
-    def expected(self, probs: list[float]) -> float:
-        """Expected level: sum of each level's value times its probability."""
-        return float(sum(p * v for p, v in zip(probs, self._values)))
 
 
 def _version() -> str:

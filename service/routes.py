@@ -67,7 +67,7 @@ async def score(body: ScoreRequest, request: Request, engine: EngineDep, timeout
     labels = engine.model.labels
     results = []
     for i, (out, n, cut) in enumerate(zip(scored.outputs, scored.enc.lengths, scored.enc.truncated)):
-        r = {"index": i, "level": labels[out.best], "score": engine.expected(out.probs), "tokens": n,
+        r = {"index": i, "level": labels[out.level], "score": out.expected, "tokens": n,
              "truncated": cut}
         if body.return_probs:
             r["probs"] = dict(zip(labels, out.probs))
@@ -103,7 +103,7 @@ async def rerank(body: RerankRequest, request: Request, engine: EngineDep, timeo
     )
     ranks = []
     for i, o in enumerate(scored.outputs):
-        r = {"index": i, "score": engine.expected(o.probs)}
+        r = {"index": i, "score": o.expected}
         if body.return_text:
             r["text"] = body.texts[i]
         ranks.append(r)
@@ -151,6 +151,7 @@ async def info(engine: EngineDep):
         dtype=m.dtype if m else s.dtype,
         version=_version(),
         state=engine.readiness()[1],
+        model=m.details if m else {},
         worker={"mode": engine.worker.mode, "replicas": engine.worker.replicas, "threads": engine.worker.spec.threads,
                 "restarts": engine.worker.restarts, "pids": engine.worker.pids},
         settings=s.public(),

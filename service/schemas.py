@@ -143,5 +143,6 @@ class Info(BaseModel):
     dtype: str
     version: str
     state: str
+    model: dict = {}  # what the model says of itself: level rule and cut points, kernels
     worker: dict  # effective layout: mode, model processes (replicas), torch threads each, restarts, pids
     settings: dict

@@ -58,9 +58,12 @@ class RemoteError(RuntimeError):
 
 @dataclass
 class PairOutput:
+    """One pair's row of a `model.scoring.ScoredBatch`, as plain numbers (cheap to pickle)."""
+
     logits: list[float]
     probs: list[float]
-    best: int  # index of the most probable level
+    level: int  # class index chosen by the model's level rule
+    expected: float  # expected level: the ranking score
 
 
 @dataclass(frozen=True)
@@ -86,6 +89,12 @@ class ModelInfo:
     device: str
     dtype: str
     tokenizer: PairTokenizer
+    details: dict  # RelevanceModel.describe(): everything /info shows about the model
+
+    @classmethod
+    def of(cls, described: dict, tokenizer: PairTokenizer) -> ModelInfo:
+        keys = ("name", "labels", "max_length", "device", "dtype")
+        return cls(**{k: described[k] for k in keys}, tokenizer=tokenizer, details=described)
 
 
 Encoded = tuple[list[int], list[int]]  # (input_ids, token_type_ids) of one pair
@@ -120,28 +129,13 @@ def load_model(spec: LoadSpec) -> RelevanceModel:
     return m
 
 
-def warm(model: RelevanceModel, max_tokens: int = 8192) -> None:
-    """Forward passes over a spread of lengths and batch sizes, and every linear layer at every packed
-    token count up to `max_tokens`: first-call allocations and kernel builds happen here, not on a
-    user's request."""
-    if model.unpadded:
-        from model.bert import warm_linear_shapes
-
-        warm_linear_shapes(model.module, max_tokens)
-    vocab = min(model.tokenizer.vocab_size, model.cfg.vocab_size)
-    for length in sorted({8, 32, model.max_length}):
-        for size in (1, 8):
-            ids = [[model.tokenizer.cls_id] + [1000 % vocab] * (length - 2) + [model.tokenizer.sep_id]] * size
-            model.logits(ids, [[0] * length] * size)
-
-
 def start_model(spec: LoadSpec, loaded: Callable[[RelevanceModel], None]) -> RelevanceModel:
     """Load the model, tell `loaded`, then warm it up (if the spec says so): the start of either mode."""
     model = load_model(spec)
     loaded(model)
     if spec.warmup:
         t0 = time.perf_counter()
-        warm(model, spec.max_batch_tokens)
+        model.warm_up(spec.max_batch_tokens)
         log.info("warm-up done in %.2fs", time.perf_counter() - t0)
     return model
 
@@ -159,21 +153,21 @@ def forward_in_halves(forward: Callable[[Sequence[Encoded]], torch.Tensor], batc
         return torch.cat([forward_in_halves(forward, batch[:mid]), forward_in_halves(forward, batch[mid:])])
 
 
-Forwarded = tuple[list[list[float]], list[list[float]], list[int], float]
+Forwarded = tuple[list[list[float]], list[list[float]], list[int], list[float], float]
 
 
 def forward_batch(model: RelevanceModel, batch: Sequence[Encoded]) -> Forwarded:
-    """(logits, probs, best level index, seconds) for one batch, as plain lists (cheap to pickle)."""
+    """(logits, probs, level index, expected level, seconds) for one batch, as plain lists (cheap to
+    pickle); the scores come from the model's one scoring call."""
     t0 = time.perf_counter()
     logits = forward_in_halves(lambda b: model.logits([x[0] for x in b], [x[1] for x in b]), batch)
     seconds = time.perf_counter() - t0
-    probs = logits.softmax(-1)
-    return logits.tolist(), probs.tolist(), probs.argmax(-1).tolist(), seconds
+    s = model.score(logits)
+    return s.logits.tolist(), s.probs.tolist(), s.level.tolist(), s.expected.tolist(), seconds
 
 
 def info_of(model: RelevanceModel) -> dict:
-    return {"name": model.name, "labels": list(model.labels), "max_length": model.max_length,
-            "device": str(model.device), "dtype": model.dtype}
+    return model.describe()
 
 
 # --- the model process -------------------------------------------------------------------------
@@ -406,10 +400,10 @@ class Worker:
 
     async def run(self, batch: list[Encoded]) -> list[PairOutput]:
         """Forward one batch on the model; the event loop only awaits."""
-        logits, probs, best, seconds = await asyncio.wrap_future(self._submit("forward", batch))
+        logits, probs, level, expected, seconds = await asyncio.wrap_future(self._submit("forward", batch))
         if self._on_batch:
             self._on_batch(seconds)
-        return [PairOutput(lg, pr, b) for lg, pr, b in zip(logits, probs, best)]
+        return [PairOutput(*row) for row in zip(logits, probs, level, expected)]
 
     async def call(self, fn: Callable, *args, **kwargs):
         """`fn(model, *args, **kwargs)` on the model, between batches (e.g. an explanation). In process
@@ -431,7 +425,7 @@ class Worker:
         with self._lock:
             if self.info is None:
                 tok = PairTokenizer.from_dir(Path(self.spec.model_dir), max_length=info["max_length"])
-                self.info = ModelInfo(tokenizer=tok, **info)
+                self.info = ModelInfo.of(info, tok)
 
     def _replica_ready(self) -> None:
         with self._lock:
@@ -467,7 +461,7 @@ class Worker:
     def _serve_local(self) -> None:
         def loaded(model: RelevanceModel) -> None:
             self.model = model
-            self.info = ModelInfo(tokenizer=model.tokenizer, **info_of(model))
+            self.info = ModelInfo.of(info_of(model), model.tokenizer)
             self._local_state = WorkerState.WARMING
 
         try:

@@ -63,7 +63,7 @@ def test_worker_loads_warms_and_scores(tiny_checkpoint, mode):
         outs = await w.run(list(zip(enc.input_ids, enc.token_type_ids)))
         want = ref.probs(enc.input_ids, enc.token_type_ids)
         assert torch.allclose(torch.tensor([o.probs for o in outs]), want, atol=1e-6)
-        assert [o.best for o in outs] == want.argmax(-1).tolist()
+        assert [o.level for o in outs] == want.argmax(-1).tolist()
         assert await w.call(labels_of) == ["1", "2", "3", "4", "5"]
         # A job that raises fails alone: a token id beyond the vocabulary, then a raising call.
         with pytest.raises(Exception, match="index"):
