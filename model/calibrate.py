@@ -23,6 +23,7 @@ from model.classifier import RelevanceModel
 from model.data import Dataset, read_labelled
 from model.metrics import quadratic_kappa
 from model.scoring import LevelRule, fit_cuts, score_logits
+from model.tokenizer import PairTokenizer
 
 
 def dataset_logits(model: RelevanceModel, ds: Dataset) -> Tensor:
@@ -87,7 +88,8 @@ def calibrate(model_dir: str | Path, data_file: str | Path, out: str | Path, cut
               min_share: float = 0.02) -> dict:
     """Fit the temperature (and, with `cuts`, the level rule) on `data_file`; write the checkpoint to `out`."""
     module = load_module(model_dir)
-    model = RelevanceModel.load(model_dir, fast=False)  # its own copy: the module above stays trainable
+    # float32 on cpu, not packed: the model scores with `module` itself, which is then folded and saved
+    model = RelevanceModel(module, PairTokenizer.from_dir(model_dir), fast=False)
     ds = read_labelled(data_file, model.labels)
     logits = dataset_logits(model, ds)
     y = torch.tensor(ds.labels)

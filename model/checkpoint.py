@@ -199,3 +199,19 @@ def save_checkpoint(module: BertForRelevance, tokenizer, path: str | Path, dtype
     cfg["torch_dtype"] = str(dtype or torch.float32).removeprefix("torch.")
     (path / "config.json").write_text(json.dumps(cfg, indent=2) + "\n", encoding="utf-8")
     tokenizer.save(path)
+
+
+def export_checkpoint(src: str | Path, out: str | Path, dtype: str = "float16", model_id: str | None = None) -> dict:
+    """`qtrel export`: re-save a checkpoint with weights stored in `dtype`, optionally under a model id
+    (config key qtrel_model_id). Every other config key, the level rule included, is kept."""
+    from dataclasses import replace
+
+    from model.tokenizer import PairTokenizer
+
+    if dtype not in ("float32", "float16", "bfloat16"):
+        raise ValueError(f"dtype must be float32, float16 or bfloat16, got {dtype!r}")
+    module = load_module(src)
+    if model_id:
+        module.cfg = replace(module.cfg, extra={**module.cfg.extra, "qtrel_model_id": model_id})
+    save_checkpoint(module, PairTokenizer.from_dir(src), out, dtype=getattr(torch, dtype))
+    return {"out": str(out), "dtype": dtype, "model_id": model_id}

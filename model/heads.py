@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import random
 from dataclasses import replace
+from pathlib import Path
 
 import torch
 from torch import Tensor, nn
@@ -236,3 +237,27 @@ def prune_heads(module: BertForRelevance, remove: list[tuple[int, int]]) -> Bert
         else:  # query/key/value weight rows and biases
             value.copy_(old[idx])
     return new
+
+
+def prune_checkpoint(model_dir: str | Path, data_file: str | Path, out: str | Path, fraction: float,
+                     limit: int = 2000) -> dict:
+    """`qtrel prune`: remove `fraction` of all heads, least important first by gradient importance on the
+    first `limit` pairs of `data_file` (use training data), keeping a head in every layer; save to `out`."""
+    from model.checkpoint import load_module, save_checkpoint
+    from model.data import read_labelled
+    from model.tokenizer import PairTokenizer
+
+    if not 0 <= fraction < 1:
+        raise ValueError(f"--fraction must be in [0, 1), got {fraction}")
+    module = load_module(model_dir)
+    tok = PairTokenizer.from_dir(model_dir)
+    ds = read_labelled(data_file, module.cfg.labels)
+    ds.examples = ds.examples[:limit]
+    enc = tok.encode([e.query for e in ds.examples], [e.title for e in ds.examples])
+    order = prune_order(gradient_importance(module, enc, ds.labels, tok.pad_id), module)
+    n = round(fraction * module.cfg.num_hidden_layers * module.cfg.num_attention_heads)
+    remove = heads_to_remove(order, module, n)
+    pruned = prune_heads(module, remove)
+    save_checkpoint(pruned, tok, out)
+    return {"removed": len(remove), "pruned_heads": {str(k): v for k, v in pruned.cfg.pruned_heads.items()},
+            "out": str(out)}

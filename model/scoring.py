@@ -90,12 +90,11 @@ def fit_cuts(
     expected: Sequence[float], y_true: Sequence[int], k: int, min_share: float = 0.0, rounds: int = 4
 ) -> tuple[float, ...]:
     """Cut points on the expected level (values 1..k) maximising quadratic weighted kappa against the
-    true class indices, with every level given to at least `min_share` of the pairs: start at the
-    midpoints, then coordinate ascent, each cut point searched over quantiles of the observed values
+    true class indices, with every level given to at least `min_share` of the pairs: start at the cut
+    points that reproduce the true level shares, then coordinate ascent, each cut point searched over quantiles of the observed values
     between its neighbours. Deterministic; ties keep the earlier cut."""
     e = torch.tensor(expected, dtype=torch.float64)
     order = torch.sort(e).values
-    cuts = [i + 1.5 for i in range(k - 1)]
 
     y = torch.tensor(y_true, dtype=torch.long)
     w = (torch.arange(k).view(-1, 1) - torch.arange(k).view(1, -1)).double().pow(2) / (k - 1) ** 2
@@ -110,6 +109,12 @@ def fit_cuts(
         den = (w * expected_m).sum().item()
         return 1.0 - (w * m).sum().item() / den if den else 1.0
 
+    # Start where each level is given to as many pairs as carry it in the truth (feasible for min_share
+    # whenever the truth is), then improve one cut point at a time.
+    cum = torch.cumsum(row, 0)[:-1] / len(y)
+    cuts = torch.quantile(order, cum.clamp(0, 1)).tolist()
+    for j in range(1, len(cuts)):  # ties in the scores: keep the cuts strictly increasing
+        cuts[j] = max(cuts[j], cuts[j - 1] + 1e-9)
     best = qwk(cuts)
     # Candidate thresholds: quantiles of the observed scores (200 per cut is plenty and fast).
     grid = torch.quantile(order, torch.linspace(0, 1, 401, dtype=torch.float64)).unique().tolist()

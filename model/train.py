@@ -38,6 +38,21 @@ SELECT = {"qwk": True, "accuracy": True, "macro_f1": True, "ndcg@10": True, "rms
           "rmse_relevance": False, "loss": False}
 
 
+# Help for the options of `qtrel train`, which are generated from TrainArgs (so defaults live here only).
+HELP = {
+    "epochs": "passes over the judged pairs (fractions allowed)",
+    "eval_every": "steps between dev evaluations (0: once per epoch)",
+    "select": f"dev metric that picks the best checkpoint: {', '.join(SELECT)}",
+    "save_every": "steps between resume snapshots",
+    "max_steps": "stop after this many steps (0: no limit)",
+    "threads": "torch threads (0: torch's default)",
+    "negatives": "sampled unrelated pairs per judged pair, fresh each epoch, labelled with the lowest level",
+    "dev_negatives": "negatives per dev pair for the dev report (0: none)",
+    "mse_weight": "weight of the squared error of the expected level beside cross-entropy",
+    "patience": "stop after this many dev evaluations without improvement (0: never)",
+}
+
+
 @dataclass
 class TrainArgs:
     train_file: str
@@ -65,7 +80,6 @@ class TrainArgs:
     negatives: float = 0.0  # sampled unrelated pairs per judged pair, fresh each epoch (level 1)
     mse_weight: float = 0.0  # weight of the squared error of the expected level beside cross-entropy
     label_smoothing: float = 0.0
-    bf16: bool = False  # autocast forward and backward in bfloat16 (fast on CPUs with AMX / AVX512-BF16)
     patience: int = 0  # stop after this many dev evaluations without a better checkpoint (0 = never)
     dev_negatives: float = 1.0  # negatives per dev pair for the dev report (0 = none)
 
@@ -218,8 +232,7 @@ def train(args: TrainArgs) -> dict:
             ids, seg, mask = pad_batch(
                 [enc.input_ids[i] for i in idx], [enc.token_type_ids[i] for i in idx], tok.pad_id
             )
-            with torch.autocast(device.type, dtype=torch.bfloat16, enabled=args.bf16):
-                logits, _ = module(ids.to(device), seg.to(device), mask.to(device))
+            logits, _ = module(ids.to(device), seg.to(device), mask.to(device))
             loss = loss_fn(logits, labels[idx].to(device), values, args)
             opt.zero_grad(set_to_none=True)
             loss.backward()

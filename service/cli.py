@@ -10,55 +10,38 @@ import sys
 
 
 def _add_train(sub) -> None:
+    from dataclasses import MISSING, fields
+
+    from model.train import HELP, TrainArgs
+
     p = sub.add_parser("train", help="fine-tune a BERT encoder (or a qtrel checkpoint) on graded pairs")
     p.add_argument("train_file", help="CSV or JSON lines with query, title and a graded label")
     p.add_argument("--base", help="encoder or qtrel checkpoint directory (default: the MiniLM base)")
-    p.add_argument("--out", required=True, help="output checkpoint directory")
-    p.add_argument("--dev", help="labelled dev file for periodic evaluation and best-checkpoint keeping")
+    p.add_argument("--out", dest="output_dir", required=True, help="output checkpoint directory")
+    p.add_argument("--dev", dest="dev_file", help="labelled dev file for periodic evaluation and best-checkpoint keeping")
     p.add_argument("--labels", default="1,2,3,4,5", help="levels, comma-separated, in class order")
-    p.add_argument("--label-column", default="level")
     p.add_argument("--label-map", help='JSON mapping from file values to levels, e.g. \'{"0":"1","1":"3"}\'')
-    p.add_argument("--epochs", type=float, default=3.0)
-    p.add_argument("--batch-size", type=int, default=32)
-    p.add_argument("--lr", type=float, default=5e-5)
-    p.add_argument("--weight-decay", type=float, default=0.01)
-    p.add_argument("--warmup-ratio", type=float, default=0.06)
-    p.add_argument("--max-grad-norm", type=float, default=1.0)
-    p.add_argument("--max-length", type=int, default=128)
-    p.add_argument("--seed", type=int, default=42)
-    p.add_argument("--eval-every", type=int, default=0, help="steps between dev evaluations (0: per epoch)")
-    p.add_argument("--select", default="qwk", help="dev metric that picks the best checkpoint")
-    p.add_argument("--save-every", type=int, default=200, help="steps between resume snapshots")
-    p.add_argument("--max-steps", type=int, default=0)
-    p.add_argument("--device", default="cpu")
-    p.add_argument("--threads", type=int, default=0)
-    p.add_argument("--no-progress", action="store_true")
-    p.add_argument("--negatives", type=float, default=0.0,
-                   help="sampled unrelated pairs per judged pair, fresh each epoch, labelled with the lowest level")
-    p.add_argument("--dev-negatives", type=float, default=1.0, help="negatives per dev pair for the dev report")
-    p.add_argument("--mse-weight", type=float, default=0.0,
-                   help="weight of the squared error of the expected level beside cross-entropy")
-    p.add_argument("--label-smoothing", type=float, default=0.0)
-    p.add_argument("--bf16", action="store_true", help="train under bfloat16 autocast (fast with AMX / AVX512-BF16)")
-    p.add_argument("--patience", type=int, default=0,
-                   help="stop after this many dev evaluations without improvement (0: never)")
+    p.add_argument("--no-progress", dest="progress", action="store_false")
+    special = {"train_file", "base", "output_dir", "dev_file", "labels", "label_map", "progress"}
+    for f in fields(TrainArgs):  # every other option, with TrainArgs' own default
+        if f.name in special:
+            continue
+        assert f.default is not MISSING, f.name
+        p.add_argument("--" + f.name.replace("_", "-"), type=type(f.default), default=f.default,
+                       help=HELP.get(f.name, "") + f" (default {f.default})")
 
 
 def _cmd_train(a) -> int:
     from model.train import TrainArgs, train
 
-    base = a.base or str(default_base())
-    args = TrainArgs(
-        train_file=a.train_file, base=base, output_dir=a.out, dev_file=a.dev,
-        labels=[s.strip() for s in a.labels.split(",")], label_column=a.label_column,
-        label_map=json.loads(a.label_map) if a.label_map else None, epochs=a.epochs,
-        batch_size=a.batch_size, lr=a.lr, weight_decay=a.weight_decay, warmup_ratio=a.warmup_ratio,
-        max_grad_norm=a.max_grad_norm, max_length=a.max_length, seed=a.seed, eval_every=a.eval_every,
-        select=a.select, save_every=a.save_every, max_steps=a.max_steps, device=a.device,
-        threads=a.threads, progress=not a.no_progress, negatives=a.negatives, dev_negatives=a.dev_negatives,
-        mse_weight=a.mse_weight, label_smoothing=a.label_smoothing, bf16=a.bf16, patience=a.patience,
-    )
-    summary = train(args)
+    opts = {k: v for k, v in vars(a).items() if k in TrainArgs.__dataclass_fields__}
+    opts["base"] = a.base or str(default_base())
+    opts["labels"] = [s.strip() for s in a.labels.split(",")]
+    opts["label_map"] = json.loads(a.label_map) if a.label_map else None
+    try:
+        summary = train(TrainArgs(**opts))
+    except ValueError as e:
+        return _fail(a, e)
     print(json.dumps({k: v for k, v in summary.items() if k != "losses"}, indent=2))
     return 0
 
@@ -291,23 +274,12 @@ def _add_prune(sub) -> None:
 
 
 def _cmd_prune(a) -> int:
-    from model.checkpoint import load_module, save_checkpoint
-    from model.data import read_labelled
-    from model.heads import gradient_importance, heads_to_remove, prune_heads, prune_order
-    from model.tokenizer import PairTokenizer
+    from model.heads import prune_checkpoint
 
-    module = load_module(a.model)
-    tok = PairTokenizer.from_dir(a.model)
-    ds = read_labelled(a.data, module.cfg.labels)
-    ds.examples = ds.examples[: a.limit]
-    enc = tok.encode([e.query for e in ds.examples], [e.title for e in ds.examples])
-    order = prune_order(gradient_importance(module, enc, ds.labels, tok.pad_id), module)
-    n = round(a.fraction * module.cfg.num_hidden_layers * module.cfg.num_attention_heads)
-    remove = heads_to_remove(order, module, n)
-    pruned = prune_heads(module, remove)
-    save_checkpoint(pruned, tok, a.out)
-    print(json.dumps({"removed": len(remove), "pruned_heads": {str(k): v for k, v in pruned.cfg.pruned_heads.items()},
-                      "out": a.out}))
+    try:
+        print(json.dumps(prune_checkpoint(a.model, a.data, a.out, a.fraction, a.limit)))
+    except ValueError as e:
+        return _fail(a, e)
     return 0
 
 
@@ -321,18 +293,9 @@ def _add_export(sub) -> None:
 
 
 def _cmd_export(a) -> int:
-    from dataclasses import replace
+    from model.checkpoint import export_checkpoint
 
-    import torch
-
-    from model.checkpoint import load_module, save_checkpoint
-    from model.tokenizer import PairTokenizer
-
-    module = load_module(a.model)
-    if a.model_id:
-        module.cfg = replace(module.cfg, extra={**module.cfg.extra, "qtrel_model_id": a.model_id})
-    save_checkpoint(module, PairTokenizer.from_dir(a.model), a.out, dtype=getattr(torch, a.dtype))
-    print(json.dumps({"out": a.out, "dtype": a.dtype, "model_id": a.model_id}))
+    print(json.dumps(export_checkpoint(a.model, a.out, a.dtype, a.model_id)))
     return 0
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from model.calibrate import fit_temperature, fold_temperature
@@ -36,3 +37,20 @@ def test_folding_divides_logits_and_keeps_levels(tiny_checkpoint):
     assert torch.allclose(after, before / 1.5, atol=1e-5)
     assert torch.equal(after.argmax(-1), before.argmax(-1))
     assert module.cfg.extra["qtrel_temperature"] == 3.0
+
+
+def test_calibrate_fits_temperature_and_cut_points_in_one_checkpoint(tiny_checkpoint, tmp_path):
+    from model.calibrate import calibrate
+    from model.classifier import RelevanceModel
+    from tests.conftest import HOMEDEPOT
+
+    if not (HOMEDEPOT / "dev.csv").is_file():
+        pytest.skip("../shared/data/homedepot/dev.csv not present")
+    data = tmp_path / "dev.csv"
+    with (HOMEDEPOT / "dev.csv").open(encoding="utf-8") as f:
+        data.write_text("".join(line for _, line in zip(range(401), f)), encoding="utf-8")
+    report = calibrate(tiny_checkpoint, data, tmp_path / "cal", min_share=0.02)
+    assert len(report["level_cuts"]) == 4 and report["qwk_cuts"] >= report["qwk_argmax"]
+    m = RelevanceModel.load(tmp_path / "cal")
+    assert m.rule.cuts == pytest.approx(report["level_cuts"], abs=1e-6)
+    assert m.cfg.extra["qtrel_temperature"] == pytest.approx(report["temperature"], rel=1e-3)

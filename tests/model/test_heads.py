@@ -106,11 +106,10 @@ def test_subset_keeps_whole_queries():
 
 
 def test_prune_command_removes_the_asked_share_and_keeps_a_head_per_layer(tiny_checkpoint, tmp_path):
-    from service.cli import main
+    from model.heads import prune_checkpoint
 
     out = tmp_path / "pruned"
-    assert main(["prune", str(tiny_checkpoint), str(HOMEDEPOT / "train.csv"), "--out", str(out),
-                 "--fraction", "0.75", "--limit", "40"]) == 0
+    assert prune_checkpoint(tiny_checkpoint, HOMEDEPOT / "train.csv", out, fraction=0.75, limit=40)["removed"] == 6
     cfg = json.loads((out / "config.json").read_text())
     removed = {int(k): v for k, v in cfg["pruned_heads"].items()}
     assert sum(len(v) for v in removed.values()) == 6  # 75% of 8 heads

@@ -125,3 +125,65 @@ def test_a_head_with_other_labels_is_refused(tiny_checkpoint, data, tmp_path):
 def test_unknown_selection_metric(tiny_checkpoint, data, tmp_path):
     with pytest.raises(ValueError, match="--select must be one of"):
         train(args(tiny_checkpoint, data, tmp_path / "out", select="f2"))
+
+
+def test_negatives_and_the_ordinal_term_train_and_report_negatives(tiny_checkpoint, data, tmp_path):
+    out = tmp_path / "out"
+    summary = train(args(tiny_checkpoint, data, out, max_steps=12, negatives=0.5, mse_weight=0.5,
+                         label_smoothing=0.1, dev_negatives=1.0, eval_every=6))
+    # 256 judged + 128 negatives per epoch, batches of 16
+    assert summary["steps"] == 12 and len(summary["losses"]) == 12
+    last = summary["history"][-1]
+    assert {"neg_level12_share", "neg_auc", "neg_level1_share"} <= set(last)
+    assert 0.0 <= last["neg_auc"] <= 1.0
+
+
+def test_loss_has_the_expected_level_term():
+    from model.train import loss_fn
+
+    logits = torch.tensor([[4.0, 0, 0, 0, 0], [0, 0, 0, 0, 4.0]])
+    labels = torch.tensor([4, 4])
+    values = torch.arange(1.0, 6.0)
+    ce = torch.nn.functional.cross_entropy(logits, labels)
+    e = logits.softmax(-1) @ values
+    want = ce + 0.5 * (e - 5).pow(2).mean()
+    got = loss_fn(logits, labels, values, TrainArgs("t", "b", "o", mse_weight=0.5))
+    assert torch.allclose(got, want)
+    assert torch.allclose(loss_fn(logits, labels, values, TrainArgs("t", "b", "o")), ce)
+
+
+def test_continue_or_new_head_is_decided_by_the_weights_not_an_error_message(tiny_checkpoint, data, tmp_path,
+                                                                             monkeypatch):
+    import model.checkpoint as ckpt
+
+    # Rewording the load error must not change the decision (it once hinged on the message text).
+    real = ckpt.load_module
+
+    def reworded(path, num_labels_fallback=False):
+        try:
+            return real(path, num_labels_fallback)
+        except ckpt.CheckpointError as e:
+            raise ckpt.CheckpointError("some other wording") from e
+
+    monkeypatch.setattr("model.train.load_module", reworded)
+    base = shutil.copytree(tiny_checkpoint, tmp_path / "encoder")
+    state = load_file(str(base / "model.safetensors"))
+    del state["classifier.weight"], state["classifier.bias"]
+    save_file(state, str(base / "model.safetensors"))
+    assert train(args(base, data, tmp_path / "out", max_steps=2))["steps"] == 2
+
+
+def test_an_encoder_tensor_of_another_shape_is_refused_not_trained_as_pretrained(tmp_path):
+    from model.checkpoint import CheckpointError
+    from model.classifier import new_from_encoder
+    from tests.conftest import make_tiny_checkpoint
+
+    base = make_tiny_checkpoint(tmp_path / "enc")
+    state = load_file(str(base / "model.safetensors"))
+    del state["classifier.weight"], state["classifier.bias"]
+    # a pooler of another width than the config says: the encoder cannot be copied as is
+    key = next(k for k in state if k.endswith("pooler.dense.weight"))
+    state[key] = torch.zeros(16, 16)
+    save_file(state, str(base / "model.safetensors"))
+    with pytest.raises(CheckpointError):
+        new_from_encoder(base)
