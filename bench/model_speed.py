@@ -28,10 +28,11 @@ import numpy as np
 import torch
 from results import DEV, command_line, machine, machine_lines, output_paths, update_section, verdict, write_json
 
-from model.bert import BertForRelevance, PackedLinear
+from model.bert import BertForRelevance
 from model.checkpoint import save_checkpoint
 from model.classifier import RelevanceModel, level_values, new_from_encoder, pad_batch
 from model.config import BertConfig
+from model.kernels import PackedLinear
 from model.tokenizer import PairTokenizer
 
 BATCH = 32

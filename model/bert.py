@@ -3,6 +3,8 @@
 Two attention paths share the same weights: a fast one through `scaled_dot_product_attention`, and a
 plain one that materialises the (B, nh, T, T) probabilities so they can be returned. Both take a head
 mask; a masked head emits a zero vector for every token (HEAD-MASK in the query-title BERT study).
+Each module also has a `forward_packed` for inference without padding: the batch layout is
+`model.packing`'s, and `model.kernels` can swap the linear layers for pre-packed oneDNN ones.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from model.config import BertConfig
+from model.packing import Packing, pack
 
 
 def activation(name: str):
@@ -34,122 +37,6 @@ class EncoderOutput:
     attentions: list[Tensor] | None  # per layer (B, nh, T, T), plain path only
 
 
-@dataclass
-class AttentionGroup:
-    """Pairs of similar length that attend as one padded (b, t) block."""
-
-    gather: Tensor  # (b*t,) packed row behind each slot of the block; padding slots repeat a real row
-    real: Tensor | None  # (n,) the block's slots that hold real tokens, in packed order; None if no padding
-    bias: Tensor | None  # (b, 1, 1, t) additive key mask; None if no padding
-    b: int
-    t: int
-
-
-@dataclass
-class Packing:
-    """A batch of variable-length pairs laid out without padding: the N real tokens of all pairs, longest
-    pair first. Embeddings, projections, feed-forward and norms run on (N, H); only attention needs
-    blocks, and it gets them per group of similar length (see `pack`)."""
-
-    order: Tensor  # (B,) batch index of each packed pair
-    ids: Tensor  # (N,)
-    segments: Tensor  # (N,)
-    positions: Tensor  # (N,)
-    cls: Tensor  # (B,) packed row of each packed pair's first token
-    groups: list[AttentionGroup]
-    spare: int = 0  # filler rows after the real tokens (see token_bucket)
-
-
-def token_bucket(n: int) -> int:
-    """`n` rounded up to a short ladder of sizes (at most 1/8 more, ~70 sizes up to 8192 tokens).
-    oneDNN builds a kernel per new input shape of a linear layer: ~9 ms each in bfloat16 on this CPU,
-    more than a whole small batch takes. With the packed token count on this ladder, every shape a
-    server meets can be built once at warm-up (see `warm_linear_shapes`)."""
-    granule = 16 if n <= 256 else 32 if n <= 1024 else 128 if n <= 4096 else 512
-    return -(-n // granule) * granule
-
-
-def token_buckets(max_tokens: int) -> list[int]:
-    out, n = [], 1
-    while True:
-        b = token_bucket(n)
-        out.append(b)
-        if b >= max_tokens:
-            return out
-        n = b + 1
-
-
-def pack(
-    input_ids: list[list[int]], token_type_ids: list[list[int]], device: torch.device, dtype: torch.dtype,
-    ratio: float = 0.8,
-) -> Packing:
-    """Pack a batch; consecutive pairs (by length, longest first) share an attention block while their
-    length is at least `ratio` of the block's longest, so a block is at most ~1/ratio padded.
-    Padding costs twice on CPU: in the service's batches of concurrent one-pair requests, 30-40% of the
-    padded tokens were padding, and attention took a third of the forward (docs/design.md)."""
-    lengths = [len(x) for x in input_ids]
-    if not lengths or min(lengths) == 0:
-        raise ValueError("every pair needs at least one token")
-    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
-    lens = [lengths[i] for i in order]
-    flat_ids = [t for i in order for t in input_ids[i]]
-    flat_seg = [t for i in order for t in token_type_ids[i]]
-    starts, acc = [], 0
-    for n in lens:
-        starts.append(acc)
-        acc += n
-    spare = token_bucket(acc) - acc  # filler rows: computed by the linear layers, never attended to or read
-    flat_ids += [0] * spare
-    flat_seg += [0] * spare
-    positions = torch.cat([torch.arange(n) for n in lens] + [torch.zeros(spare, dtype=torch.long)])
-    groups = []
-    i = 0
-    while i < len(lens):
-        t, j = lens[i], i
-        while j < len(lens) and lens[j] >= ratio * t:
-            j += 1
-        gl = torch.tensor(lens[i:j])
-        gs = torch.tensor(starts[i:j])
-        slots = torch.arange(t)[None, :]  # (1, t)
-        keep = slots < gl[:, None]  # (b, t)
-        gather = torch.minimum(gs[:, None] + slots, (gs + gl - 1)[:, None]).reshape(-1)
-        if bool(keep.all()):
-            real, bias = None, None
-        else:
-            real = keep.reshape(-1).nonzero().squeeze(1).to(device)
-            bias = torch.zeros(j - i, 1, 1, t, dtype=dtype).masked_fill(~keep[:, None, None, :], torch.finfo(dtype).min)
-            bias = bias.to(device)
-        groups.append(AttentionGroup(gather.to(device), real, bias, j - i, t))
-        i = j
-    return Packing(
-        order=torch.tensor(order, device=device),
-        ids=torch.tensor(flat_ids, device=device),
-        segments=torch.tensor(flat_seg, device=device),
-        positions=positions.to(device),
-        cls=torch.tensor(starts, device=device),
-        groups=groups,
-        spare=spare,
-    )
-
-
-@torch.inference_mode()
-def warm_linear_shapes(module: nn.Module, max_tokens: int) -> int:
-    """Run every distinct linear layer of the encoder once per token bucket up to `max_tokens`, so that
-    oneDNN's kernels for those shapes exist before the first request. Returns the shapes warmed."""
-    seen: dict[tuple, tuple[nn.Module, int]] = {}
-    for m in module.modules():
-        if isinstance(m, Layer):
-            a = m.attn
-            for lin in ([a.qkv] if a.qkv is not None else [a.query, a.key, a.value]) + [a.out, m.up, m.down]:
-                fan_in = lin.weight_in if isinstance(lin, PackedLinear) else lin.in_features
-                seen.setdefault((type(lin), fan_in, lin.out_features, getattr(lin, "act", None)), (lin, fan_in))
-    ref = module.bert.embeddings.word.weight
-    for n in token_buckets(max_tokens):
-        for lin, fan_in in seen.values():
-            lin(torch.zeros(n, fan_in, dtype=ref.dtype, device=ref.device))
-    return len(seen) * len(token_buckets(max_tokens))
-
-
 class Embeddings(nn.Module):
     def __init__(self, cfg: BertConfig):
         super().__init__()
@@ -162,7 +49,7 @@ class Embeddings(nn.Module):
     def forward(self, input_ids: Tensor, token_type_ids: Tensor) -> Tensor:
         T = input_ids.shape[1]
         pos = torch.arange(T, device=input_ids.device)
-        x = self.word(input_ids) + self.token_type(token_type_ids) + self.position(pos)[None]
+        x = self.word(input_ids) + self.token_type(token_type_ids) + self.position(pos)[None]  # (B, T, H)
         return self.dropout(self.norm(x))
 
     def forward_packed(self, p: Packing) -> Tensor:
@@ -183,7 +70,7 @@ class SelfAttention(nn.Module):
         self.value = nn.Linear(cfg.hidden_size, inner)
         self.out = nn.Linear(inner, cfg.hidden_size)
         self.dropout_p = cfg.attention_probs_dropout_prob
-        self.qkv: nn.Module | None = None  # fused q/k/v projection, set by pack_for_cpu() for inference
+        self.qkv: nn.Module | None = None  # fused q/k/v projection, set by model.kernels.pack_for_cpu()
 
     def forward(
         self, x: Tensor, bias: Tensor, head_mask: Tensor | None, return_probs: bool
@@ -230,47 +117,6 @@ class SelfAttention(nn.Module):
         return self.out(torch.cat(parts) if len(parts) > 1 else parts[0])
 
 
-class PackedLinear(nn.Module):
-    """Inference-only linear layer on oneDNN with the weight pre-packed once, optionally with the
-    activation fused into the same kernel. On CPU this reaches about twice the matmul throughput of
-    torch's default float32 path (see docs/benchmarks.md)."""
-
-    def __init__(self, weight: Tensor, bias: Tensor, act: str = "none", algorithm: str = ""):
-        super().__init__()
-        self.out_features, self.weight_in = weight.shape
-        self.weight = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), 256)
-        self.bias = bias.detach()
-        self.act, self.algorithm = act, algorithm
-
-    def forward(self, x: Tensor) -> Tensor:
-        return torch.ops.mkldnn._linear_pointwise(x, self.weight, self.bias, self.act, [], self.algorithm)
-
-
-def can_pack(dtype: torch.dtype) -> bool:
-    return torch.backends.mkldnn.is_available() and dtype in (torch.float32, torch.bfloat16)
-
-
-@torch.no_grad()
-def pack_for_cpu(model: nn.Module) -> None:
-    """Swap the encoder's linear layers for pre-packed oneDNN ones (fused q/k/v, GELU fused into the
-    feed-forward's first matmul). Inference only: packed weights are not trained or saved."""
-    for layer in model.modules():
-        if not isinstance(layer, Layer):
-            continue
-        a = layer.attn
-        a.qkv = PackedLinear(torch.cat([a.query.weight, a.key.weight, a.value.weight]),
-                             torch.cat([a.query.bias, a.key.bias, a.value.bias]))
-        a.out = PackedLinear(a.out.weight, a.out.bias)
-        del a.query, a.key, a.value
-        fused = {"gelu": "none", "gelu_new": "tanh", "gelu_pytorch_tanh": "tanh"}.get(layer.act_name)
-        if fused is not None:
-            layer.up = PackedLinear(layer.up.weight, layer.up.bias, "gelu", fused)
-            layer.act = nn.Identity()
-        else:
-            layer.up = PackedLinear(layer.up.weight, layer.up.bias)
-        layer.down = PackedLinear(layer.down.weight, layer.down.bias)
-
-
 class Layer(nn.Module):
     def __init__(self, cfg: BertConfig, heads: list[int]):
         super().__init__()
@@ -283,13 +129,17 @@ class Layer(nn.Module):
         self.ffn_norm = nn.LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps)
         self.dropout = nn.Dropout(cfg.hidden_dropout_prob)
 
-    def forward(self, x, bias, head_mask, return_probs):
+    def forward(
+        self, x: Tensor, bias: Tensor, head_mask: Tensor | None, return_probs: bool
+    ) -> tuple[Tensor, Tensor | None]:
+        """x: (B, T, H), bias: (B, 1, 1, T) -> (B, T, H) and, on request, the (B, nh, T, T) probabilities."""
         a, probs = self.attn(x, bias, head_mask, return_probs)
         x = self.attn_norm(x + self.dropout(a))  # post-norm, as in BERT
         x = self.ffn_norm(x + self.dropout(self.down(self.act(self.up(x)))))
         return x, probs
 
     def forward_packed(self, x: Tensor, p: Packing, head_mask: Tensor | None) -> Tensor:
+        """x: (N, H) packed tokens -> (N, H)."""
         x = self.attn_norm(x + self.attn.forward_packed(x, p, head_mask))
         return self.ffn_norm(x + self.down(self.act(self.up(x))))
 
@@ -300,7 +150,7 @@ class Pooler(nn.Module):
         self.dense = nn.Linear(cfg.hidden_size, cfg.hidden_size)
 
     def forward(self, hidden: Tensor) -> Tensor:
-        return torch.tanh(self.dense(hidden[:, 0]))
+        return torch.tanh(self.dense(hidden[:, 0]))  # (B, T, H) -> (B, H), from [CLS]
 
 
 class BertEncoder(nn.Module):

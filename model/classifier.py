@@ -8,6 +8,7 @@ checkpoint's level rule.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,13 +16,16 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
-from model.bert import BertForRelevance, can_pack, pack_for_cpu, warm_linear_shapes
+from model.bert import BertForRelevance
 from model.checkpoint import CheckpointError, load_module, save_checkpoint
 from model.config import BertConfig
+from model.kernels import can_pack, pack_for_cpu, probe, warm_linear_shapes
 from model.scoring import LevelRule, ScoredBatch, level_values, score_logits
 from model.tokenizer import EncodedPairs, PairTokenizer, Truncation
 
 __all__ = ["RelevanceModel", "PairScore", "level_values", "pad_batch", "length_batches", "new_from_encoder"]
+
+log = logging.getLogger("qtrel.model")
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "int8": None}
 DEFAULT_LEVELS = ["1", "2", "3", "4", "5"]
@@ -89,8 +93,9 @@ class RelevanceModel:
         name: str = "qtrel",
         fast: bool = False,
     ):
-        """`fast` packs the linear layers for oneDNN (cpu, float32/bfloat16): the module is then
-        inference-only and cannot be saved or trained. On cpu it also runs batches without padding."""
+        """`fast` packs the linear layers for oneDNN (cpu, float32/bfloat16, where `model.kernels.probe`
+        passes): the module is then inference-only and cannot be saved or trained. On cpu it also runs
+        batches without padding."""
         if dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {list(DTYPES)}, got {dtype!r}")
         self.device = resolve_device(device)
@@ -111,8 +116,17 @@ class RelevanceModel:
             module = torch.ao.quantization.quantize_dynamic(module, {nn.Linear}, dtype=torch.qint8)
         else:
             module = module.to(self.device, DTYPES[dtype])
-        self.packed = fast and dtype != "int8" and self.device.type == "cpu" and can_pack(DTYPES[dtype])
-        # Without padding (model.bert.pack): measured on cpu only; cuda keeps padded batches.
+        # The oneDNN kernel layer rests on private torch ops: probed here, the plain layers where it fails.
+        self.cpu_kernels = "plain"  # what describe() reports: onednn-packed, plain, or plain (probe failed: ...)
+        if fast and dtype != "int8" and self.device.type == "cpu" and can_pack(DTYPES[dtype]):
+            failure = probe(DTYPES[dtype])
+            if failure is None:
+                self.cpu_kernels = "onednn-packed"
+            else:
+                self.cpu_kernels = f"plain (probe failed: {failure})"
+                log.warning("oneDNN packed linear layers off, plain nn.Linear instead: probe failed: %s", failure)
+        self.packed = self.cpu_kernels == "onednn-packed"
+        # Without padding (model.packing.pack): measured on cpu only; cuda keeps padded batches.
         self.unpadded = fast and self.device.type == "cpu"
         if self.packed:
             pack_for_cpu(module)
@@ -143,7 +157,8 @@ class RelevanceModel:
         """What a server reports about the loaded model (plain JSON-ready values)."""
         return {"name": self.name, "labels": list(self.labels), "max_length": self.max_length,
                 "device": str(self.device), "dtype": self.dtype, "level_rule": self.rule.name,
-                "level_cuts": None if self.rule.cuts is None else list(self.rule.cuts)}
+                "level_cuts": None if self.rule.cuts is None else list(self.rule.cuts),
+                "cpu_kernels": self.cpu_kernels}
 
     def warm_up(self, max_batch_tokens: int = 8192) -> None:
         """Forward passes over a spread of lengths and batch sizes, and (unpadded path) every linear layer

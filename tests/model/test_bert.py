@@ -7,8 +7,8 @@ import warnings
 import pytest
 import torch
 
-from model.bert import can_pack
 from model.classifier import RelevanceModel, pad_batch
+from model.kernels import can_pack, probe
 from tests.conftest import make_tiny_checkpoint, read_pairs
 
 ATOL = 1e-5
@@ -147,36 +147,6 @@ def test_eval_is_deterministic_and_train_mode_drops_out(unpacked, batch):
     assert (c - a).abs().max() > 1e-3
 
 
-# --- pre-packed (oneDNN) linear layers ---------------------------------------------------------------
-def test_load_packs_where_the_cpu_allows(model, unpacked):
-    assert model.packed == can_pack(torch.float32)
-    assert not unpacked.packed
-    if model.packed:
-        attn = model.module.bert.layers[0].attn
-        assert attn.qkv is not None and not hasattr(attn, "query")
-
-
-def test_packed_and_unpacked_agree(model, unpacked, batch):
-    mask = torch.ones(2, 4)
-    mask[0, 2] = mask[1, 0] = 0
-    for head_mask in (None, mask):
-        for plain in (False, True):
-            want, want_probs = run(unpacked, *batch, head_mask, plain=plain)
-            got, probs = run(model, *batch, head_mask, plain=plain)
-            torch.testing.assert_close(got, want, atol=ATOL, rtol=0)
-            if plain:
-                for p, q in zip(probs, want_probs, strict=True):
-                    torch.testing.assert_close(p, q, atol=ATOL, rtol=0)
-
-
-def test_packed_model_is_not_saved(model, unpacked, tmp_path):
-    if model.packed:
-        with pytest.raises(ValueError, match="load with fast=False"):
-            model.save(tmp_path / "packed")
-    unpacked.save(tmp_path / "unpacked")
-    assert (tmp_path / "unpacked" / "model.safetensors").is_file()
-
-
 # --- precision modes ------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def encoded(model):
@@ -197,7 +167,7 @@ def test_reduced_precision_on_cpu_is_close_to_float32(tiny_checkpoint, model, en
     assert (got.argmax(-1) == want.argmax(-1)).float().mean() > 0.85
     if dtype == "bfloat16":
         assert low.module.classifier.weight.dtype == torch.bfloat16
-        assert low.packed == can_pack(torch.bfloat16)
+        assert low.packed == (can_pack(torch.bfloat16) and probe(torch.bfloat16) is None)
     else:  # every Linear became a dynamically quantised one
         linears = [type(m) for m in low.module.modules() if type(m).__name__ == "Linear"]
         assert len(linears) == 2 * 6 + 2  # per layer q, k, v, out, up, down; pooler; classifier
@@ -226,75 +196,3 @@ def test_unknown_dtype_is_refused(tiny_checkpoint, dtype):
 def test_unknown_device_is_refused(tiny_checkpoint):
     with pytest.raises(ValueError, match="unsupported device 'meta'"):
         RelevanceModel.load(tiny_checkpoint, device="meta")
-
-
-# --- batches without padding (model.bert.pack) ----------------------------------------------------------
-def test_token_buckets_are_few_tight_and_cover_every_count():
-    from model.bert import token_bucket, token_buckets
-
-    ladder = token_buckets(8192)
-    assert len(ladder) <= 80 and ladder[-1] == 8192 and ladder == sorted(set(ladder))
-    for n in range(1, 8193):
-        b = token_bucket(n)
-        assert n <= b <= n * 1.125 + 15 and b in ladder
-
-
-def test_pack_lays_pairs_out_without_padding():
-    from model.bert import pack
-
-    ids = [[101, 5, 6, 102], [101, 7, 102], [101, 8, 9, 10, 11, 102], [101, 102]]
-    seg = [[0, 0, 1, 1], [0, 0, 1], [0, 0, 0, 1, 1, 1], [0, 1]]
-    p = pack(ids, seg, torch.device("cpu"), torch.float32)
-    assert p.order.tolist() == [2, 0, 1, 3]  # longest first
-    n = sum(map(len, ids))
-    assert p.ids[:n].tolist() == ids[2] + ids[0] + ids[1] + ids[3]
-    assert len(p.ids) == n + p.spare and p.spare == 16 - n
-    assert p.cls.tolist() == [0, 6, 10, 13]
-    assert p.positions[:n].tolist() == list(range(6)) + list(range(4)) + list(range(3)) + list(range(2))
-    # Every real row is attended exactly once, by the group of its pair.
-    rows = torch.cat([g.gather.view(g.b, g.t).reshape(-1)[g.real] if g.real is not None else g.gather
-                      for g in p.groups])
-    assert rows.tolist() == list(range(n))
-    assert all(g.t * 0.8 <= min(len(ids[i]) for i in p.order[sum(x.b for x in p.groups[:k]):][:g.b].tolist())
-               for k, g in enumerate(p.groups))
-
-
-def test_unpadded_batches_equal_padded_ones(tiny_checkpoint, unpacked, batch):
-    """The cpu inference path (no padding) against the padded forward, with and without a head mask,
-    for pruned layers too, in float32."""
-    model = RelevanceModel.load(tiny_checkpoint)
-    assert model.unpadded and not unpacked.unpadded
-    enc = model.encode(read_pairs(16) + read_pairs(8, "qbqtc"))
-    mask = torch.ones(2, 4)
-    mask[0, 2] = mask[1, 0] = 0
-    for head_mask in (None, mask):
-        want = unpacked.logits(enc.input_ids, enc.token_type_ids, head_mask)
-        got = model.logits(enc.input_ids, enc.token_type_ids, head_mask)
-        torch.testing.assert_close(got, want, atol=ATOL, rtol=0)
-    one = model.logits(enc.input_ids[:1], enc.token_type_ids[:1])
-    torch.testing.assert_close(one, unpacked.logits(enc.input_ids[:1], enc.token_type_ids[:1]), atol=ATOL, rtol=0)
-
-
-def test_unpadded_pruned_model_equals_padded(tmp_path):
-    path = make_tiny_checkpoint(tmp_path / "pruned", pruned_heads={0: [1], 1: [0, 3]})
-    enc = RelevanceModel.load(path).encode(read_pairs(12))
-    want = RelevanceModel.load(path, fast=False).logits(enc.input_ids, enc.token_type_ids)
-    got = RelevanceModel.load(path).logits(enc.input_ids, enc.token_type_ids)
-    torch.testing.assert_close(got, want, atol=ATOL, rtol=0)
-
-
-def test_forward_packed_refuses_training_mode(unpacked, batch):
-    unpacked.module.train()
-    try:
-        with pytest.raises(RuntimeError, match="inference"):
-            unpacked.module.forward_packed([[101, 102]], [[0, 0]])
-    finally:
-        unpacked.module.eval()
-
-
-def test_warm_linear_shapes_covers_each_distinct_layer_once_per_bucket(tiny_checkpoint):
-    from model.bert import token_buckets, warm_linear_shapes
-
-    model = RelevanceModel.load(tiny_checkpoint)
-    # qkv, out, up, down: every layer of the tiny model has the same four shapes
-    assert warm_linear_shapes(model.module, 512) == 4 * len(token_buckets(512))

@@ -1,0 +1,76 @@
+"""Batches without padding (model.packing): the layout, and the unpadded forward against the padded one."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from model.classifier import RelevanceModel
+from model.packing import pack, token_bucket, token_buckets
+from tests.conftest import make_tiny_checkpoint, read_pairs
+
+ATOL = 1e-5
+
+
+@pytest.fixture(scope="module")
+def unpacked(tiny_checkpoint) -> RelevanceModel:
+    return RelevanceModel.load(tiny_checkpoint, fast=False)
+
+
+def test_token_buckets_are_few_tight_and_cover_every_count():
+    ladder = token_buckets(8192)
+    assert len(ladder) <= 80 and ladder[-1] == 8192 and ladder == sorted(set(ladder))
+    for n in range(1, 8193):
+        b = token_bucket(n)
+        assert n <= b <= n * 1.125 + 15 and b in ladder
+
+
+def test_pack_lays_pairs_out_without_padding():
+    ids = [[101, 5, 6, 102], [101, 7, 102], [101, 8, 9, 10, 11, 102], [101, 102]]
+    seg = [[0, 0, 1, 1], [0, 0, 1], [0, 0, 0, 1, 1, 1], [0, 1]]
+    p = pack(ids, seg, torch.device("cpu"), torch.float32)
+    assert p.order.tolist() == [2, 0, 1, 3]  # longest first
+    n = sum(map(len, ids))
+    assert p.ids[:n].tolist() == ids[2] + ids[0] + ids[1] + ids[3]
+    assert len(p.ids) == n + p.spare and p.spare == 16 - n
+    assert p.cls.tolist() == [0, 6, 10, 13]
+    assert p.positions[:n].tolist() == list(range(6)) + list(range(4)) + list(range(3)) + list(range(2))
+    # Every real row is attended exactly once, by the group of its pair.
+    rows = torch.cat([g.gather.view(g.b, g.t).reshape(-1)[g.real] if g.real is not None else g.gather
+                      for g in p.groups])
+    assert rows.tolist() == list(range(n))
+    assert all(g.t * 0.8 <= min(len(ids[i]) for i in p.order[sum(x.b for x in p.groups[:k]):][:g.b].tolist())
+               for k, g in enumerate(p.groups))
+
+
+def test_unpadded_batches_equal_padded_ones(tiny_checkpoint, unpacked):
+    """The cpu inference path (no padding) against the padded forward, with and without a head mask,
+    for pruned layers too, in float32."""
+    model = RelevanceModel.load(tiny_checkpoint)
+    assert model.unpadded and not unpacked.unpadded
+    enc = model.encode(read_pairs(16) + read_pairs(8, "qbqtc"))
+    mask = torch.ones(2, 4)
+    mask[0, 2] = mask[1, 0] = 0
+    for head_mask in (None, mask):
+        want = unpacked.logits(enc.input_ids, enc.token_type_ids, head_mask)
+        got = model.logits(enc.input_ids, enc.token_type_ids, head_mask)
+        torch.testing.assert_close(got, want, atol=ATOL, rtol=0)
+    one = model.logits(enc.input_ids[:1], enc.token_type_ids[:1])
+    torch.testing.assert_close(one, unpacked.logits(enc.input_ids[:1], enc.token_type_ids[:1]), atol=ATOL, rtol=0)
+
+
+def test_unpadded_pruned_model_equals_padded(tmp_path):
+    path = make_tiny_checkpoint(tmp_path / "pruned", pruned_heads={0: [1], 1: [0, 3]})
+    enc = RelevanceModel.load(path).encode(read_pairs(12))
+    want = RelevanceModel.load(path, fast=False).logits(enc.input_ids, enc.token_type_ids)
+    got = RelevanceModel.load(path).logits(enc.input_ids, enc.token_type_ids)
+    torch.testing.assert_close(got, want, atol=ATOL, rtol=0)
+
+
+def test_forward_packed_refuses_training_mode(unpacked):
+    unpacked.module.train()
+    try:
+        with pytest.raises(RuntimeError, match="inference"):
+            unpacked.module.forward_packed([[101, 102]], [[0, 0]])
+    finally:
+        unpacked.module.eval()
