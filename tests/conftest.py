@@ -4,14 +4,30 @@ from __future__ import annotations
 
 import csv
 import json
+import os
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 SHARED = ROOT.parent / "shared"
-HOMEDEPOT = SHARED / "data" / "homedepot"
-QBQTC = SHARED / "data" / "qbqtc"
+# The real data sets (../shared/data/README.md). QTREL_TEST_DATA points the tests at another copy, or at
+# an empty folder to see which tests skip without it.
+DATA = Path(os.environ.get("QTREL_TEST_DATA") or SHARED / "data")
+HOMEDEPOT = DATA / "homedepot"
+QBQTC = DATA / "qbqtc"
+
+
+def shared_data(source: str, name: str | None = None) -> Path:
+    """A data set folder under ../shared/data (`homedepot`, `qbqtc`), or a file in it; skips the calling
+    test, with the path in the reason, when it is not there. Use it wherever a test reads the real data."""
+    path = DATA / source / name if name else DATA / source
+    if not path.exists():
+        shown = str(path)
+        if DATA == SHARED / "data":
+            shown = "../shared/data/" + path.relative_to(DATA).as_posix()
+        pytest.skip(f"{shown} not present: this test reads the real {source} data (../shared/data/README.md)")
+    return path
 
 
 def minilm_dir() -> Path:
@@ -41,11 +57,11 @@ def tiny_checkpoint(tmp_path_factory) -> Path:
 
 
 def read_pairs(n: int, source: str = "homedepot") -> list[tuple[str, str]]:
-    """The first n real pairs of a dev file."""
+    """The first n real pairs of a dev file (the test skips when the data is absent)."""
     if source == "homedepot":
-        with (HOMEDEPOT / "dev.csv").open(encoding="utf-8") as f:
+        with shared_data("homedepot", "dev.csv").open(encoding="utf-8") as f:
             rows = list(csv.DictReader(f))[:n]
         return [(r["query"], r["title"]) for r in rows]
-    with (QBQTC / "dev.json").open(encoding="utf-8") as f:
+    with shared_data("qbqtc", "dev.json").open(encoding="utf-8") as f:
         rows = [json.loads(line) for _, line in zip(range(n), f)]
     return [(r["query"], r["title"]) for r in rows]

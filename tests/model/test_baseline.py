@@ -21,7 +21,7 @@ from model.baseline import (
 )
 from model.data import Dataset, Example, read_labelled
 from model.metrics import all_metrics
-from tests.conftest import HOMEDEPOT
+from tests.conftest import shared_data
 
 LEVELS = ["1", "2", "3", "4", "5"]
 STATS = TitleStats(["Cordless Drill Kit", "Wood Deck Stain 1 gal.", "Copper Pipe 1/2 in. x 10 ft."])
@@ -85,7 +85,8 @@ def _slice(ds: Dataset, n: int) -> Dataset:
 
 @pytest.fixture(scope="module")
 def homedepot():
-    return (read_labelled(HOMEDEPOT / "train.csv", LEVELS), read_labelled(HOMEDEPOT / "dev.csv", LEVELS))
+    train, dev = shared_data("homedepot", "train.csv"), shared_data("homedepot", "dev.csv")
+    return read_labelled(train, LEVELS), read_labelled(dev, LEVELS)
 
 
 @pytest.mark.timeout(60)

@@ -42,12 +42,10 @@ def test_folding_divides_logits_and_keeps_levels(tiny_checkpoint):
 def test_calibrate_fits_temperature_and_cut_points_in_one_checkpoint(tiny_checkpoint, tmp_path):
     from model.calibrate import calibrate
     from model.classifier import RelevanceModel
-    from tests.conftest import HOMEDEPOT
+    from tests.conftest import shared_data
 
-    if not (HOMEDEPOT / "dev.csv").is_file():
-        pytest.skip("../shared/data/homedepot/dev.csv not present")
     data = tmp_path / "dev.csv"
-    with (HOMEDEPOT / "dev.csv").open(encoding="utf-8") as f:
+    with shared_data("homedepot", "dev.csv").open(encoding="utf-8") as f:
         data.write_text("".join(line for _, line in zip(range(401), f)), encoding="utf-8")
     report = calibrate(tiny_checkpoint, data, tmp_path / "cal", min_share=0.02)
     assert len(report["level_cuts"]) == 4 and report["qwk_cuts"] >= report["qwk_argmax"]

@@ -8,7 +8,7 @@ from collections import Counter
 import pytest
 
 from model.data import DataError, read_labelled
-from tests.conftest import HOMEDEPOT, QBQTC
+from tests.conftest import shared_data
 
 LEVELS = ["1", "2", "3", "4", "5"]
 
@@ -141,9 +141,9 @@ def test_unparsable_relevance_is_dropped_not_fatal(tmp_path):
 
 def test_real_files_read_whole():
     # Level counts published in ../shared/data/README.md.
-    dev = read_labelled(HOMEDEPOT / "dev.csv", LEVELS)
+    dev = read_labelled(shared_data("homedepot", "dev.csv"), LEVELS)
     assert len(dev) == 7206
     assert [Counter(dev.labels)[c] for c in range(5)] == [234, 934, 1158, 3041, 1839]
     assert all(e.relevance is not None and 1 <= e.relevance <= 3 for e in dev.examples)
-    qb = read_labelled(QBQTC / "dev.json", ["0", "1", "2"], label_column="label")
+    qb = read_labelled(shared_data("qbqtc", "dev.json"), ["0", "1", "2"], label_column="label")
     assert [Counter(qb.labels)[c] for c in range(3)] == [4894, 12592, 2514]

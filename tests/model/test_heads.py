@@ -13,7 +13,7 @@ from model.data import read_labelled
 from model.heads import gradient_importance, mask_of, prune_heads, prune_order
 from model.heads_run import run, subset_by_query
 from model.tokenizer import PairTokenizer
-from tests.conftest import HOMEDEPOT, read_pairs
+from tests.conftest import read_pairs, shared_data
 
 
 @pytest.fixture(scope="module")
@@ -83,7 +83,8 @@ def test_gradient_importance_and_order(tiny_checkpoint, batch):
 
 
 def test_experiments_write_json_and_png(tiny_checkpoint, tmp_path):
-    res = run(str(tiny_checkpoint), str(HOMEDEPOT / "dev.csv"), str(tmp_path), limit=60, seeds=2, progress=False)
+    dev = shared_data("homedepot", "dev.csv")
+    res = run(str(tiny_checkpoint), str(dev), str(tmp_path), limit=60, seeds=2, progress=False)
     for name in ("random", "lower_vs_upper", "whole_layers", "single_heads", "term_matching"):
         assert (tmp_path / f"{name}.json").is_file()
         assert (tmp_path / f"{name}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -98,7 +99,7 @@ def test_experiments_write_json_and_png(tiny_checkpoint, tmp_path):
 
 
 def test_subset_keeps_whole_queries():
-    ds = read_labelled(HOMEDEPOT / "dev.csv", ["1", "2", "3", "4", "5"])
+    ds = read_labelled(shared_data("homedepot", "dev.csv"), ["1", "2", "3", "4", "5"])
     sub = subset_by_query(ds, 300)
     qs = {e.query for e in sub.examples}
     assert len(sub) >= 300
@@ -108,8 +109,9 @@ def test_subset_keeps_whole_queries():
 def test_prune_command_removes_the_asked_share_and_keeps_a_head_per_layer(tiny_checkpoint, tmp_path):
     from model.heads import prune_checkpoint
 
+    train_csv = shared_data("homedepot", "train.csv")
     out = tmp_path / "pruned"
-    assert prune_checkpoint(tiny_checkpoint, HOMEDEPOT / "train.csv", out, fraction=0.75, limit=40)["removed"] == 6
+    assert prune_checkpoint(tiny_checkpoint, train_csv, out, fraction=0.75, limit=40)["removed"] == 6
     cfg = json.loads((out / "config.json").read_text())
     removed = {int(k): v for k, v in cfg["pruned_heads"].items()}
     assert sum(len(v) for v in removed.values()) == 6  # 75% of 8 heads

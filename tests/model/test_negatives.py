@@ -6,16 +6,14 @@ import pytest
 
 from model.data import Dataset, Example, read_labelled
 from model.negatives import judged_titles, sample_negatives, with_negatives
-from tests.conftest import HOMEDEPOT
+from tests.conftest import shared_data
 
 LEVELS = ["1", "2", "3", "4", "5"]
 
 
 @pytest.fixture(scope="module")
 def train() -> Dataset:
-    if not (HOMEDEPOT / "train.csv").is_file():
-        pytest.skip("../shared/data/homedepot/train.csv not present: the sampler is tested on the real catalogue")
-    ds = read_labelled(HOMEDEPOT / "train.csv", LEVELS)
+    ds = read_labelled(shared_data("homedepot", "train.csv"), LEVELS)  # the sampler is tested on the real catalogue
     ds.examples = ds.examples[:5000]
     return ds
 

@@ -14,7 +14,7 @@ from safetensors.torch import load_file, save_file
 
 from model.classifier import RelevanceModel, pad_batch
 from model.train import TrainArgs, train
-from tests.conftest import HOMEDEPOT
+from tests.conftest import shared_data
 
 
 def head_lines(src: Path, dst: Path, n: int) -> Path:
@@ -27,8 +27,8 @@ def head_lines(src: Path, dst: Path, n: int) -> Path:
 @pytest.fixture(scope="module")
 def data(tmp_path_factory) -> tuple[Path, Path]:
     d = tmp_path_factory.mktemp("data")
-    train_file = head_lines(HOMEDEPOT / "train.csv", d / "train.csv", 256)
-    return train_file, head_lines(HOMEDEPOT / "dev.csv", d / "dev.csv", 64)
+    train_file = head_lines(shared_data("homedepot", "train.csv"), d / "train.csv", 256)
+    return train_file, head_lines(shared_data("homedepot", "dev.csv"), d / "dev.csv", 64)
 
 
 def args(base: Path, data, out: Path, **kw) -> TrainArgs:

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from service.cli import main
-from tests.conftest import HOMEDEPOT
+from tests.conftest import shared_data
 
 METRICS = {"n", "accuracy", "macro_f1", "qwk", "rmse_level", "ndcg@10", "per_level", "confusion", "rmse_relevance"}
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -24,8 +24,8 @@ def _head(src, dst, rows: int):
 def files(tmp_path_factory):
     d = tmp_path_factory.mktemp("eval")
     return {
-        "dev": _head(HOMEDEPOT / "dev.csv", d / "dev100.csv", 100),
-        "train": _head(HOMEDEPOT / "train.csv", d / "train1500.csv", 1500),
+        "dev": _head(shared_data("homedepot", "dev.csv"), d / "dev100.csv", 100),
+        "train": _head(shared_data("homedepot", "train.csv"), d / "train1500.csv", 1500),
         "dir": d,
     }
 
@@ -88,7 +88,7 @@ def test_label_map_and_labels(files, capsys, tmp_path):
 
 def _bad_label_file(tmp_path):
     """Three good rows, then a level 7 on line 5."""
-    lines = (HOMEDEPOT / "dev.csv").read_text(encoding="utf-8").splitlines()[:4]
+    lines = shared_data("homedepot", "dev.csv").read_text(encoding="utf-8").splitlines()[:4]
     path = tmp_path / "bad.csv"
     path.write_text("\n".join([*lines, "angle grinder,DEWALT 4-1/2 in. Angle Grinder,3,7"]) + "\n", encoding="utf-8")
     return path

@@ -6,18 +6,19 @@ import json
 
 from model.classifier import RelevanceModel
 from service.cli import main
-from tests.conftest import HOMEDEPOT
+from tests.conftest import HOMEDEPOT, shared_data
 
 
 def test_prune_command(tiny_checkpoint, tmp_path, capsys):
     out = tmp_path / "pruned"
-    assert main(["prune", str(tiny_checkpoint), str(HOMEDEPOT / "train.csv"), "--out", str(out),
+    assert main(["prune", str(tiny_checkpoint), str(shared_data("homedepot", "train.csv")), "--out", str(out),
                  "--fraction", "0.5", "--limit", "40"]) == 0
     assert json.loads(capsys.readouterr().out)["removed"] == 4  # half of 8 heads
     RelevanceModel.load(out).predict([("drill", "cordless drill")])
 
 
 def test_prune_refuses_a_fraction_out_of_range(tiny_checkpoint, tmp_path, capsys):
+    # no data needed: the fraction is refused before the file is read
     assert main(["prune", str(tiny_checkpoint), str(HOMEDEPOT / "train.csv"), "--out", str(tmp_path / "p"),
                  "--fraction", "1.0"]) == 2
     assert "--fraction" in capsys.readouterr().err
@@ -26,7 +27,7 @@ def test_prune_refuses_a_fraction_out_of_range(tiny_checkpoint, tmp_path, capsys
 def test_train_options_come_from_train_args_with_their_defaults(tiny_checkpoint, tmp_path, capsys):
     from model.train import TrainArgs
 
-    train = HOMEDEPOT / "train.csv"
+    train = shared_data("homedepot", "train.csv")
     small = tmp_path / "train.csv"
     with train.open(encoding="utf-8") as f:
         small.write_text("".join(line for _, line in zip(range(65), f)), encoding="utf-8")
