@@ -116,7 +116,7 @@ def offline_pairs_per_s(model_dir: Path, pair_sets: dict[str, list], cores: int,
 
     import torch
 
-    from service.engine import resolve_dtype
+    from service.runtime import resolve_dtype
     from service.settings import Settings
 
     dtype = resolve_dtype(Settings(dtype=dtype), torch.device("cpu"))
@@ -439,7 +439,7 @@ def main() -> int:
     if a.quick:
         a.seconds, a.warmup, a.pairs, a.queries, a.offline_repeats = 2.0, 0.5, 64, 4, 1
     if a.model is None:
-        from service.engine import default_model_dir
+        from service.runtime import default_model_dir
 
         a.model = default_model_dir()
     if not (a.model / "config.json").is_file():

@@ -33,7 +33,7 @@ def offline_speedup(a: Path, b: Path, dtype: str, pairs: list, repeats: int) -> 
     from prune_tradeoff import throughput
 
     from model.classifier import RelevanceModel
-    from service.engine import resolve_dtype
+    from service.runtime import resolve_dtype
     from service.settings import Settings
 
     dtype = resolve_dtype(Settings(dtype=dtype), torch.device("cpu"))

@@ -1,4 +1,7 @@
-"""Composition root: settings -> metrics -> engine (worker + batcher) -> routes."""
+"""Composition root: settings -> runtime -> metrics -> worker -> batcher -> engine -> routes.
+
+The runtime (model directory, device, precision, process layout) is resolved once here, in the
+lifespan, and each part is handed what it needs; HTTP reaches the parts only through `service.deps`."""
 
 from __future__ import annotations
 
@@ -11,13 +14,16 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 
 from service import errors
-from service.engine import Engine, _version
+from service.batcher import Batcher
+from service.engine import Engine
 from service.errors import ErrorKind, error_response
 from service.explain import install_explain
 from service.logs import request_id
 from service.metrics import Metrics
 from service.routes import router
+from service.runtime import package_version, resolve_runtime
 from service.settings import Settings
+from service.worker import Worker
 
 log = logging.getLogger("qtrel.http")
 
@@ -31,12 +37,29 @@ class Lifecycle:
     """What the process needs to reach from outside the app: drain on SIGTERM."""
 
     def __init__(self) -> None:
-        self.engine: Engine | None = None
+        self.engine: Engine | None = None  # set by the lifespan
 
     def begin_drain(self) -> None:
         if self.engine is not None:
-            self.engine.draining = True
-            self.engine.metrics.ready.set(0)
+            self.engine.begin_drain()
+
+
+def build_engine(settings: Settings, metrics: Metrics) -> Engine:
+    """Resolve the runtime once and wire the parts: worker (the model), batcher (the queue), engine."""
+    runtime = resolve_runtime(settings)
+    worker = Worker(runtime.load_spec(settings), mode=runtime.worker, replicas=runtime.replicas, observer=metrics,
+                    batch_timeout_s=settings.batch_timeout_s)
+    batcher = Batcher(
+        worker.run,
+        max_batch_tokens=settings.max_batch_tokens,
+        max_batch_size=settings.max_batch_size,
+        max_wait_s=settings.max_wait_ms / 1000,
+        max_queue_items=settings.max_queue_pairs,
+        max_queue_tokens=settings.max_queue_tokens,
+        observer=metrics,
+        concurrency=worker.size,
+    )
+    return Engine(settings, runtime, worker, batcher, metrics)
 
 
 class EdgeMiddleware:
@@ -126,12 +149,12 @@ def create_app(settings: Settings | None = None, lifecycle: Lifecycle | None = N
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
-        engine = Engine(settings, metrics)
+        engine = build_engine(settings, metrics)
         lifecycle.engine = engine
         # Load and warm up in the background: the server answers /health/* (503) meanwhile.
         starting = asyncio.create_task(engine.start(), name="qtrel-start")
         try:
-            yield {"engine": engine}
+            yield {"engine": engine, "settings": settings, "metrics": metrics}  # request.state, for service.deps
         finally:
             await engine.drain(settings.drain_timeout_s)
             starting.cancel()
@@ -139,7 +162,7 @@ def create_app(settings: Settings | None = None, lifecycle: Lifecycle | None = N
 
     app = FastAPI(
         title="qtrel",
-        version=_version(),
+        version=package_version(),
         description="Query-title relevance: a BERT cross-encoder grading each pair on 5 levels.",
         lifespan=lifespan,
     )

@@ -88,7 +88,7 @@ def serve(settings) -> int:
         app, host=settings.host, port=settings.port, log_config=None, log_level=settings.log_level,
         timeout_graceful_shutdown=int(settings.drain_timeout_s) or None, access_log=False,
     )
-    from service.worker import quiet_gc
+    from service.runtime import quiet_gc
 
     quiet_gc()  # this process is the server's alone: keep the start-up objects out of the GC's scans
     Server(config).run()
@@ -106,7 +106,7 @@ def _cmd_serve(a) -> int:
     except ValidationError as e:
         print(f"qtrel serve: invalid settings:\n{e}", file=sys.stderr)
         return 2
-    from service.engine import resolve_model_dir
+    from service.runtime import resolve_model_dir
 
     try:
         resolve_model_dir(settings)

@@ -18,9 +18,9 @@ from fastapi import APIRouter, FastAPI, Response
 from fastapi.responses import HTMLResponse
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, model_validator
 
-from model.explain import explain_pair
+from service.deps import EngineDep, MetricsDep
 from service.errors import ErrorKind, ServiceError
-from service.routes import ERRORS, EngineDep, check_limits
+from service.routes import ERRORS, check_limits
 from service.schemas import ErrorBody, Text
 from service.settings import Settings
 
@@ -127,27 +127,22 @@ def explain_router(settings: Settings) -> APIRouter:
             raise ServiceError(ErrorKind.NOT_FOUND, "explanations are disabled on this server (explain_per_minute=0)")
 
     @router.post("/explain", response_model=ExplainResponse, responses={**ERRORS, 404: {"model": ErrorBody}})
-    async def explain(body: ExplainRequest, engine: EngineDep):
+    async def explain(body: ExplainRequest, engine: EngineDep, metrics: MetricsDep):
         """Attention per layer and head, the heads that match identical query and title tokens, and
         each token's share of the score by occlusion. Rate-limited (explain_per_minute)."""
         check_enabled()
         assert limiter is not None
-        check_limits(engine.settings, [body.query], [body.title])
+        check_limits(settings, [body.query], [body.title])
         ok, why = engine.readiness()
         if not ok:
             raise ServiceError(ErrorKind.NOT_READY, f"not ready: {why}", retry_after=1)
         wait = limiter.take()
         if wait is not None:
-            engine.metrics.rejected.labels("rate_limited").inc()
+            metrics.rejected.labels("rate_limited").inc()
             raise ServiceError(ErrorKind.RATE_LIMITED,
                                f"at most {settings.explain_per_minute} explanations a minute", retry_after=wait)
-        try:
-            out = await engine.worker.call(explain_pair, body.query, body.title, truncation=body.truncation,
-                                           top_heads=body.top_heads, attention=body.attention)
-        except Exception as e:
-            if not engine.readiness()[0]:  # the worker stopped or drains since the check above
-                raise ServiceError(ErrorKind.NOT_READY, f"not ready: {engine.readiness()[1]}", retry_after=1) from None
-            raise ServiceError(ErrorKind.BACKEND, f"explanation failed: {type(e).__name__}: {e}") from e
+        out = await engine.explain(body.query, body.title, truncation=body.truncation, top_heads=body.top_heads,
+                                   attention=body.attention)
         # Full attention matrices make large bodies: serialise off the event loop.
         content = await asyncio.to_thread(json.dumps, out, separators=(",", ":"))
         return Response(content, media_type="application/json")

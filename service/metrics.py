@@ -39,8 +39,16 @@ class Metrics:
         self.dropped_pairs = Counter("qtrel_dropped_pairs", "Queued pairs dropped before the device, by reason",
                                      ["reason"], registry=r)
         self.levels = Counter("qtrel_predicted_level", "Predicted levels", ["level"], registry=r)
-        self.worker_restarts = Counter("qtrel_worker_restarts", "Times the model process died and was restarted",
-                                       registry=r)
+        self.worker_restarts = Counter("qtrel_worker_restarts", "Model processes restarted, by reason: died "
+                                       "(it exited) or timeout (the watchdog killed it)", ["reason"], registry=r)
+        for reason in ("died", "timeout"):
+            self.worker_restarts.labels(reason)
+        self.batches_retried = Counter("qtrel_batches_retried", "Batches retried because their model process "
+                                       "died or was killed", registry=r)
+        self.batches_failed = Counter("qtrel_batches_failed", "Batches whose requests failed, by reason: "
+                                      "process_died (twice) or error (the model raised)", ["reason"], registry=r)
+        for reason in ("process_died", "error"):
+            self.batches_failed.labels(reason)
         self.ready = Gauge("qtrel_ready", "1 when the model is loaded, warmed up and not draining", registry=r)
         self.model_info = Gauge("qtrel_model_info", "Model being served", ["model", "device", "dtype", "version"],
                                 registry=r)
@@ -60,6 +68,19 @@ class Metrics:
 
     def dropped(self, reason: str, n: int) -> None:
         self.dropped_pairs.labels(reason).inc(n)
+
+    # WorkerObserver, called by the worker
+    def forwarded(self, seconds: float) -> None:
+        self.inference_seconds.observe(seconds)
+
+    def restarted(self, reason: str) -> None:
+        self.worker_restarts.labels(reason).inc()
+
+    def batch_retried(self) -> None:
+        self.batches_retried.inc()
+
+    def batch_failed(self, reason: str) -> None:
+        self.batches_failed.labels(reason).inc()
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

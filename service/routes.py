@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import asyncio
-from typing import Annotated
 
-from fastapi import APIRouter, Depends, Header, Request, Response
+from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse, PlainTextResponse
 
-from service.engine import Engine, Scored, _version
+from service.deps import EngineDep, MetricsDep, SettingsDep, TimeoutHeader
+from service.engine import Engine, Scored
 from service.errors import ErrorKind, ServiceError
+from service.metrics import Metrics
 from service.schemas import (
     ErrorBody,
     Info,
@@ -26,14 +27,6 @@ router = APIRouter()
 ERRORS = {c: {"model": ErrorBody} for c in (400, 408, 413, 422, 429, 499, 500, 503)}
 
 
-async def get_engine(request: Request) -> Engine:  # async: a sync dependency costs a thread hop per request
-    return request.state.engine
-
-
-EngineDep = Annotated[Engine, Depends(get_engine)]
-TimeoutHeader = Annotated[int | None, Header(alias="X-Request-Timeout-Ms", gt=0, le=3_600_000)]
-
-
 def check_limits(s: Settings, queries: list[str], titles: list[str]) -> None:
     if len(titles) > s.max_pairs_per_request:
         raise ServiceError(ErrorKind.TOO_LARGE, f"{len(titles)} pairs; at most {s.max_pairs_per_request} per request")
@@ -45,9 +38,10 @@ def check_limits(s: Settings, queries: list[str], titles: list[str]) -> None:
                 )
 
 
-async def score_watched(request: Request, engine: Engine, queries, titles, timeout_ms, **kw) -> Scored:
+async def score_watched(request: Request, engine: Engine, settings: Settings, metrics: Metrics, queries, titles,
+                        timeout_ms, **kw) -> Scored:
     """Score, dropping the work if the client disconnects before it is done."""
-    check_limits(engine.settings, queries, titles)
+    check_limits(settings, queries, titles)
     task = asyncio.ensure_future(engine.score(queries, titles, timeout_ms=timeout_ms, **kw))
     while True:
         done, _ = await asyncio.wait({task}, timeout=0.1)
@@ -55,16 +49,18 @@ async def score_watched(request: Request, engine: Engine, queries, titles, timeo
             return task.result()
         if await request.is_disconnected():
             task.cancel()
-            engine.metrics.rejected.labels("disconnected").inc()
+            metrics.rejected.labels("disconnected").inc()
             raise ServiceError(ErrorKind.CLIENT_CLOSED, "client closed the connection")
 
 
 @router.post("/score", response_model=ScoreResponse, responses=ERRORS, tags=["scoring"])
-async def score(body: ScoreRequest, request: Request, engine: EngineDep, timeout_ms: TimeoutHeader = None):
+async def score(body: ScoreRequest, request: Request, engine: EngineDep, settings: SettingsDep,
+                metrics: MetricsDep, timeout_ms: TimeoutHeader = None):
     """Grade each (query, title) pair: level, expected-level score, probabilities per level."""
     queries, titles = body.as_pairs()
-    scored = await score_watched(request, engine, queries, titles, timeout_ms, truncation=body.truncation)
-    labels = engine.model.labels
+    scored = await score_watched(request, engine, settings, metrics, queries, titles, timeout_ms,
+                                 truncation=body.truncation)
+    labels = scored.labels
     results = []
     for i, (out, n, cut) in enumerate(zip(scored.outputs, scored.enc.lengths, scored.enc.truncated)):
         r = {"index": i, "level": labels[out.level], "score": out.expected, "tokens": n,
@@ -74,19 +70,20 @@ async def score(body: ScoreRequest, request: Request, engine: EngineDep, timeout
         results.append(r)
     if body.top_n is not None:
         results = sorted(results, key=lambda r: -r["score"])[: body.top_n]
-    return JSONResponse({"model": engine.model.name, "results": results})
+    return JSONResponse({"model": scored.model, "results": results})
 
 
 @router.post("/predict", response_model=list[Prediction] | list[list[Prediction]], responses=ERRORS,
              tags=["text-embeddings-inference"])
-async def predict(body: PredictRequest, request: Request, engine: EngineDep, timeout_ms: TimeoutHeader = None):
+async def predict(body: PredictRequest, request: Request, engine: EngineDep, settings: SettingsDep,
+                  metrics: MetricsDep, timeout_ms: TimeoutHeader = None):
     """TEI-compatible: per input, every level with its probability (or logit with raw_scores), best first."""
     queries, titles = body.as_pairs()
     scored = await score_watched(
-        request, engine, queries, titles, timeout_ms, side=body.truncation_direction.lower(),
+        request, engine, settings, metrics, queries, titles, timeout_ms, side=body.truncation_direction.lower(),
         allow_truncation=bool(body.truncate),
     )
-    labels = engine.model.labels
+    labels = scored.labels
     out = []
     for o in scored.outputs:
         vals = o.logits if body.raw_scores else o.probs
@@ -95,10 +92,11 @@ async def predict(body: PredictRequest, request: Request, engine: EngineDep, tim
 
 
 @router.post("/rerank", response_model=list[Rank], responses=ERRORS, tags=["text-embeddings-inference"])
-async def rerank(body: RerankRequest, request: Request, engine: EngineDep, timeout_ms: TimeoutHeader = None):
+async def rerank(body: RerankRequest, request: Request, engine: EngineDep, settings: SettingsDep,
+                 metrics: MetricsDep, timeout_ms: TimeoutHeader = None):
     """TEI-compatible: texts ranked for the query by expected level, best first."""
     scored = await score_watched(
-        request, engine, [body.query] * len(body.texts), body.texts, timeout_ms,
+        request, engine, settings, metrics, [body.query] * len(body.texts), body.texts, timeout_ms,
         side=body.truncation_direction.lower(), allow_truncation=bool(body.truncate),
     )
     ranks = []
@@ -115,8 +113,9 @@ async def rerank(body: RerankRequest, request: Request, engine: EngineDep, timeo
 @router.get("/livez", include_in_schema=False)
 async def live(engine: EngineDep):
     """200 while the process and its model worker are alive."""
-    if not engine.worker.alive():
-        raise ServiceError(ErrorKind.NOT_READY, f"worker is not running ({engine.worker.state.value})")
+    ok, state = engine.liveness()
+    if not ok:
+        raise ServiceError(ErrorKind.NOT_READY, f"worker is not running ({state})")
     return {"status": "alive"}
 
 
@@ -131,28 +130,13 @@ async def ready(engine: EngineDep):
 
 
 @router.get("/metrics", tags=["operations"], response_class=PlainTextResponse)
-async def metrics(engine: EngineDep):
+async def metrics(metrics: MetricsDep):
     from prometheus_client import CONTENT_TYPE_LATEST
 
-    return Response(engine.metrics.render(), media_type=CONTENT_TYPE_LATEST)
+    return Response(metrics.render(), media_type=CONTENT_TYPE_LATEST)
 
 
 @router.get("/info", response_model=Info, tags=["operations"])
 async def info(engine: EngineDep):
     """The model, its levels and limits, and the effective settings."""
-    m = engine.worker.info
-    s = engine.settings
-    return Info(
-        model_id=m.name if m else engine.model_dir.name,
-        model_path=str(engine.model_dir),
-        levels=m.labels if m else [],
-        max_length=m.max_length if m else s.max_length,
-        device=str(m.device) if m else s.device,
-        dtype=m.dtype if m else s.dtype,
-        version=_version(),
-        state=engine.readiness()[1],
-        model=m.details if m else {},
-        worker={"mode": engine.worker.mode, "replicas": engine.worker.replicas, "threads": engine.worker.spec.threads,
-                "restarts": engine.worker.restarts, "pids": engine.worker.pids},
-        settings=s.public(),
-    )
+    return Info(**engine.describe())

@@ -29,6 +29,10 @@ class Settings(BaseSettings):
         "restarted if it dies) or a thread of the server process"
     )
 
+    batch_timeout_s: float = Field(30.0, gt=0, description="a model process that holds one batch (or job) "
+                                   "longer than this is killed and replaced, and the batch retried once "
+                                   "(process worker)")
+
     # --- HTTP ---
     host: str = "0.0.0.0"
     port: int = Field(8080, ge=0, le=65535)

@@ -73,23 +73,6 @@ HTTP_FORBIDDEN_ATTRIBUTES = ("worker", "batcher", "backend")
 # warning says it no longer occurs; never add one without a reason and an issue that removes it.
 # fmt: off
 KNOWN: dict[tuple[str, str, str], str] = {
-    # One class holds both worker modes, the replica and the child loop (issue 11: a backend interface
-    # with a thread and a process implementation, typed messages, one state machine).
-    ("file-size", "service/worker.py", "lines"):
-        "485 lines: worker modes, replica and child loop; being split into service/backend*.py",
-    # /explain hands model.explain.explain_pair to the worker as a pickled callable, through engine.worker.
-    ("http-goes-through-the-engine", "service/explain.py", "model.explain"):
-        "/explain passes the model's function to the worker; becomes a named backend job",
-    ("http-reaches-engine-internals", "service/explain.py", "worker"):
-        "/explain calls engine.worker.call; becomes an engine call for the named explain job",
-    # /health/live and /info read the worker's state, pids, restarts and spec through engine.worker.
-    ("http-reaches-engine-internals", "service/routes.py", "worker"):
-        "/health/live and /info read engine.worker.*; the engine will report health and info",
-    # _version is private to service.engine; /info and create_app import it.
-    ("private-import", "service/routes.py", "service.engine._version"):
-        "/info imports engine._version; the version gets a public home (service.runtime)",
-    ("private-import", "service/app.py", "service.engine._version"):
-        "create_app imports engine._version; the version gets a public home (service.runtime)",
 }
 # fmt: on
 

@@ -329,16 +329,16 @@ def test_health_info_metrics(server):
 def test_readiness_before_warmup_and_during_drain(tiny_checkpoint, monkeypatch):
     import threading
 
-    from service import worker
+    from service import runner
 
     gate = threading.Event()
-    original = worker.load_model
+    original = runner.load_model
 
     def slow_load(spec):
         gate.wait(30)  # hold the model load until the test has looked at readiness
         return original(spec)
 
-    monkeypatch.setattr(worker, "load_model", slow_load)
+    monkeypatch.setattr(runner, "load_model", slow_load)
     with live_server(tiny_checkpoint, wait_ready=False, worker="thread") as srv:
         r = httpx.get(srv.url + "/health/ready")
         assert r.status_code == 503 and "loading" in r.json()["error"]

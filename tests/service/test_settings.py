@@ -46,7 +46,7 @@ def test_cli_flags_cover_every_setting(capsys):
 def test_auto_dtype_follows_the_device_and_cpu(monkeypatch):
     import torch
 
-    import service.engine as engine
+    import service.runtime as engine
 
     auto = Settings(dtype="auto")
     assert engine.resolve_dtype(auto, torch.device("cuda")) == "float16"
@@ -73,7 +73,7 @@ def test_auto_dtype_follows_the_device_and_cpu(monkeypatch):
 def test_worker_layout(env, cores, want):
     import torch
 
-    from service.engine import resolve_layout
+    from service.runtime import resolve_layout
 
     assert resolve_layout(Settings(**env), torch.device("cpu"), cores) == want
 
@@ -81,13 +81,13 @@ def test_worker_layout(env, cores, want):
 def test_worker_layout_on_cuda_is_one_process():
     import torch
 
-    from service.engine import resolve_layout
+    from service.runtime import resolve_layout
 
     assert resolve_layout(Settings(), torch.device("cuda"), 16) == (1, 0)
 
 
 def test_cgroup_cpu_quota_is_read(tmp_path):
-    from service.engine import cgroup_cpu_limit
+    from service.runtime import cgroup_cpu_limit
 
     assert cgroup_cpu_limit(tmp_path) is None  # no cgroup files: no limit
     (tmp_path / "cpu.max").write_text("max 100000\n")
@@ -102,7 +102,7 @@ def test_cgroup_cpu_quota_is_read(tmp_path):
 
 
 def test_model_names_resolve_to_directories(tmp_path):
-    from service.engine import default_model_dir, resolve_model_dir
+    from service.runtime import default_model_dir, resolve_model_dir
 
     assert resolve_model_dir(Settings()) == default_model_dir("default")
     assert resolve_model_dir(Settings(model="builtin:default")) == default_model_dir("default")

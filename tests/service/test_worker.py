@@ -5,14 +5,17 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import time
 
 import pytest
 import torch
 
 from model.classifier import RelevanceModel
-from service.worker import LoadSpec, Worker, WorkerCrashed, WorkerState, forward_in_halves
+from service.backend import LoadSpec, ProcessDied
+from service.backend import State as WorkerState
+from service.runner import forward_in_halves
+from service.worker import Worker
 from tests.conftest import read_pairs
+from tests.service.jobs import TEST_JOBS
 
 
 def test_out_of_memory_retries_in_halves():
@@ -37,21 +40,26 @@ def test_out_of_memory_on_a_single_pair_is_raised():
         forward_in_halves(forward, [1, 2])
 
 
-def labels_of(model):  # module-level: a job sent to the model process must pickle
-    return model.labels
+class Restarts:  # the worker's observer, counting restarts only
+    def __init__(self):
+        self.seen = []
 
+    def forwarded(self, seconds):
+        pass
 
-def raise_value_error(model, message):
-    raise ValueError(message)
+    def restarted(self, reason):
+        self.seen.append(1)
 
+    def batch_retried(self):
+        pass
 
-def sleep_on_model(model, seconds):
-    time.sleep(seconds)
+    def batch_failed(self, reason):
+        pass
 
 
 @pytest.mark.parametrize("mode", ["process", "thread"])
 def test_worker_loads_warms_and_scores(tiny_checkpoint, mode):
-    w = Worker(LoadSpec(str(tiny_checkpoint)), mode=mode)
+    w = Worker(LoadSpec(str(tiny_checkpoint), jobs=TEST_JOBS), mode=mode)
     ref = RelevanceModel.load(tiny_checkpoint)
 
     async def main():
@@ -64,12 +72,12 @@ def test_worker_loads_warms_and_scores(tiny_checkpoint, mode):
         want = ref.probs(enc.input_ids, enc.token_type_ids)
         assert torch.allclose(torch.tensor([o.probs for o in outs]), want, atol=1e-6)
         assert [o.level for o in outs] == want.argmax(-1).tolist()
-        assert await w.call(labels_of) == ["1", "2", "3", "4", "5"]
+        assert await w.job("labels_of") == ["1", "2", "3", "4", "5"]
         # A job that raises fails alone: a token id beyond the vocabulary, then a raising call.
         with pytest.raises(Exception, match="index"):
             await w.run([([101, 10**6, 102], [0, 0, 0])])
         with pytest.raises(Exception, match="boom"):
-            await w.call(raise_value_error, "boom")
+            await w.job("raise_value_error", "boom")
         again = await w.run(list(zip(enc.input_ids, enc.token_type_ids)))
         assert [o.probs for o in again] == [o.probs for o in outs]
 
@@ -82,26 +90,26 @@ def test_worker_loads_warms_and_scores(tiny_checkpoint, mode):
 def test_model_process_killed_mid_batch_fails_that_batch_and_restarts(tiny_checkpoint):
     """A real crash: SIGKILL the model process while it holds a job. That job fails, the next child
     is started and warmed, and a batch queued behind it is served by the new child."""
-    restarts = []
-    w = Worker(LoadSpec(str(tiny_checkpoint)), on_restart=lambda: restarts.append(1))
+    restarts = Restarts()
+    w = Worker(LoadSpec(str(tiny_checkpoint), jobs=TEST_JOBS), observer=restarts)
 
     async def main():
         w.start()
         await w.wait_ready()
         first = w.pids[0]
         enc = w.info.tokenizer.encode(["q"] * 3, ["a title"] * 3)
-        held = asyncio.ensure_future(w.call(sleep_on_model, 30))
+        held = asyncio.ensure_future(w.job("sleep_on_model", 30))
         queued = asyncio.ensure_future(w.run(list(zip(enc.input_ids, enc.token_type_ids))))
         await asyncio.sleep(0.5)  # the child is inside the sleeping job now
         os.kill(first, signal.SIGKILL)
-        with pytest.raises(WorkerCrashed):
+        with pytest.raises(ProcessDied):
             await held
         outs = await queued  # waited for the new child instead of failing
         assert len(outs) == 3 and w.state == WorkerState.READY and w.pids[0] != first
 
     asyncio.run(main())
     w.stop()
-    assert restarts == [1] and w.restarts == 1
+    assert restarts.seen == [1] and w.restarts == 1
 
 
 def test_worker_reports_a_failed_load(tmp_path):

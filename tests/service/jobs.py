@@ -1,0 +1,24 @@
+"""Named jobs for the worker tests: a spec lists them as ("name", "tests.service.jobs:function"), so that
+a model process imports them by name (a job never travels as a pickled callable)."""
+
+from __future__ import annotations
+
+import time
+
+TEST_JOBS = (
+    ("labels_of", "tests.service.jobs:labels_of"),
+    ("raise_value_error", "tests.service.jobs:raise_value_error"),
+    ("sleep_on_model", "tests.service.jobs:sleep_on_model"),
+)
+
+
+def labels_of(model):
+    return model.labels
+
+
+def raise_value_error(model, message):
+    raise ValueError(message)
+
+
+def sleep_on_model(model, seconds):
+    time.sleep(seconds)
