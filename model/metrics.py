@@ -33,7 +33,7 @@ def per_class(y_true: Sequence[int], y_pred: Sequence[int], k: int) -> list[dict
         p = tp / pred if pred else 0.0
         r = tp / true if true else 0.0
         f = 2 * p * r / (p + r) if p + r else 0.0
-        rows.append({"precision": p, "recall": r, "f1": f, "support": true})
+        rows.append({"precision": p, "recall": r, "f1": f, "support": true, "predicted": pred})
     return rows
 
 

@@ -126,6 +126,10 @@ def _add_eval(sub) -> None:
     p.add_argument("--max-length", type=int, default=128, help="tokens per pair (as in training)")
     p.add_argument("--max-batch-tokens", type=int, default=8192, help="padded tokens per forward pass")
     p.add_argument("--baseline-train", help="also fit the lexical baseline on this file and report it alongside")
+    p.add_argument("--negatives", type=float, default=1.0,
+                   help="also grade this many sampled negatives per pair (titles of the file judged only for other "
+                        "queries); 0: none")
+    p.add_argument("--seed", type=int, default=0, help="seed of the negatives")
 
 
 def _add_baseline(sub) -> None:
@@ -165,7 +169,7 @@ def _label_options(a) -> tuple[list[str] | None, dict[str, str] | None]:
     return labels, {str(k): str(v) for k, v in label_map.items()}
 
 
-def _report(a, labels: list[str], results: dict, systems: dict) -> int:
+def _report(a, labels: list[str], results: dict, systems: dict, negatives: dict | None = None) -> int:
     """Print the text or JSON report and write the PNG; shared by eval and baseline."""
     from model.report import confusion_png, text_report
 
@@ -179,9 +183,11 @@ def _report(a, labels: list[str], results: dict, systems: dict) -> int:
             return _fail(a, f"cannot write {a.png}: {e}")
     if a.json:
         out = {"data": a.data_file, "labels": labels, "results": results, "systems": systems, "png": png}
+        if negatives:
+            out["negatives"] = negatives
         print(json.dumps(out, indent=2))
         return 0
-    print(text_report(results, labels, a.data_file), end="")
+    print(text_report(results, labels, a.data_file, negatives), end="")
     for name, meta in systems.items():
         print(f"{name}: " + ", ".join(f"{k}={v}" for k, v in meta.items()))
     if png:
@@ -203,7 +209,8 @@ def _cmd_eval(a) -> int:
     from model.baseline import evaluate_baseline  # numpy only; scikit-learn is imported by the fit
     from model.classifier import RelevanceModel
     from model.data import read_labelled
-    from model.evaluate import evaluate
+    from model.evaluate import metrics_of, negatives_report, score_dataset
+    from model.negatives import sample_negatives
 
     try:
         labels, label_map = _label_options(a)
@@ -218,12 +225,18 @@ def _cmd_eval(a) -> int:
             baseline, baseline_meta = _fit_baseline(a, a.baseline_train, labels, label_map)
     except ValueError as e:
         return _fail(a, e)
-    results = {"model": evaluate(model, ds, max_batch_tokens=a.max_batch_tokens)}
-    systems = {"model": {"checkpoint": a.model_dir, "device": str(model.device), "dtype": model.dtype}}
+    judged = score_dataset(model, ds.examples, a.max_batch_tokens)
+    results = {"model": metrics_of(ds, judged)}
+    systems = {"model": {"checkpoint": a.model_dir, "device": str(model.device), "dtype": model.dtype,
+                         "level_rule": model.rule.name}}
+    negatives = {}
+    if a.negatives:
+        negs = sample_negatives(ds, a.negatives, seed=a.seed)
+        negatives["model"] = negatives_report(ds, judged, negs, score_dataset(model, negs, a.max_batch_tokens))
     if a.baseline_train:
         results["baseline"] = evaluate_baseline(baseline, ds)
         systems["baseline"] = baseline_meta
-    return _report(a, labels, results, systems)
+    return _report(a, labels, results, systems, negatives)
 
 
 def _cmd_baseline(a) -> int:
