@@ -38,6 +38,8 @@ class LoadSpec:
     max_batch_tokens: int = 8192  # the largest batch warm-up prepares for
     # Extra named jobs beside the built-in ones, as (name, "module:function") (e.g. a test's fault job).
     jobs: tuple[tuple[str, str], ...] = ()
+    # Test-only fault hook: "module:function", called as function(model, batch) before each forward.
+    fault_hook: str | None = None
 
 
 # --- messages: server -> model ------------------------------------------------------------------

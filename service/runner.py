@@ -64,18 +64,24 @@ def forward_batch(model: RelevanceModel, batch: Sequence[Encoded]) -> BatchScore
     return BatchScores(s.logits.tolist(), s.probs.tolist(), s.level.tolist(), s.expected.tolist(), seconds)
 
 
+def _function(target: str) -> Callable:
+    module, _, attr = target.partition(":")
+    return getattr(importlib.import_module(module), attr)
+
+
 def resolve_job(spec: LoadSpec, name: str) -> Callable:
     target = dict(spec.jobs).get(name) or JOBS.get(name)
     if target is None:
         raise KeyError(f"no job named {name!r}")
-    module, _, attr = target.partition(":")
-    return getattr(importlib.import_module(module), attr)
+    return _function(target)
 
 
 def handle(model: RelevanceModel, spec: LoadSpec, message: Forward | Job) -> Reply:
     """The reply to one Forward or Job; an exception becomes an Error for that message only."""
     try:
         if isinstance(message, Forward):
+            if spec.fault_hook:
+                _function(spec.fault_hook)(model, message.batch)
             return Result(forward_batch(model, message.batch))
         return Result(resolve_job(spec, message.name)(model, *message.args, **message.kwargs))
     except Exception as e:

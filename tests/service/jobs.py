@@ -3,6 +3,7 @@ a model process imports them by name (a job never travels as a pickled callable)
 
 from __future__ import annotations
 
+import os
 import time
 
 TEST_JOBS = (
@@ -22,3 +23,12 @@ def raise_value_error(model, message):
 
 def sleep_on_model(model, seconds):
     time.sleep(seconds)
+
+
+POISON = 7  # a token id no text encodes to ([unused6] in the MiniLM vocabulary)
+
+
+def die_on_poison(model, batch):
+    """Fault hook: a batch holding the POISON token id kills its model process, every time."""
+    if any(POISON in ids for ids, _ in batch):
+        os._exit(3)

@@ -305,6 +305,31 @@ def test_model_process_killed_under_load_is_restarted(tiny_checkpoint):
         assert srv.metric("qtrel_worker_restarts_total") == 1
 
 
+def test_a_stopped_model_process_is_replaced_without_failing_a_request(tiny_checkpoint):
+    """A real hang: SIGSTOP the model process. The next batch is held past batch_timeout_s, the watchdog
+    kills the process and a new one serves the retried batch: the request succeeds, the restart is
+    counted as a timeout and the retry as such, and the service is ready again."""
+    import os
+    import signal
+
+    with live_server(tiny_checkpoint, batch_timeout_s=1) as srv:
+        pid = srv.engine.worker.pids[0]
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            r = httpx.post(srv.url + "/score", json={"query": "drill", "titles": ["a", "b", "c"]}, timeout=60)
+        finally:
+            if pid in srv.engine.worker.pids:
+                os.kill(pid, signal.SIGKILL)
+        assert r.status_code == 200 and len(r.json()["results"]) == 3
+        assert pid not in srv.engine.worker.pids
+        assert httpx.get(srv.url + "/health/ready").status_code == 200
+        assert srv.metric("qtrel_worker_restarts_total", reason="timeout") == 1
+        assert srv.metric("qtrel_worker_restarts_total", reason="died") == 0
+        assert srv.metric("qtrel_batches_retried_total") == 1 and srv.metric("qtrel_batches_failed_total") == 0
+        info = httpx.get(srv.url + "/info").json()
+        assert info["worker"]["restarts"] == 1 and info["worker"]["batch_timeout_s"] == 1
+
+
 def test_health_info_metrics(server):
     assert httpx.get(server.url + "/health/live").json() == {"status": "alive"}
     assert httpx.get(server.url + "/livez").status_code == 200

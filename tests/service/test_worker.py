@@ -1,21 +1,23 @@
-"""The worker's out-of-memory policy, and the worker on the real tiny model."""
+"""The worker's out-of-memory policy, and the worker on the real tiny model: jobs, crashes, the watchdog
+(a stopped model process) and the retry of a batch whose process died."""
 
 from __future__ import annotations
 
 import asyncio
 import os
 import signal
+import time
 
 import pytest
 import torch
 
 from model.classifier import RelevanceModel
-from service.backend import LoadSpec, ProcessDied
+from service.backend import LoadSpec, ModelError, ProcessDied
 from service.backend import State as WorkerState
 from service.runner import forward_in_halves
 from service.worker import Worker
 from tests.conftest import read_pairs
-from tests.service.jobs import TEST_JOBS
+from tests.service.jobs import POISON, TEST_JOBS
 
 
 def test_out_of_memory_retries_in_halves():
@@ -40,21 +42,25 @@ def test_out_of_memory_on_a_single_pair_is_raised():
         forward_in_halves(forward, [1, 2])
 
 
-class Restarts:  # the worker's observer, counting restarts only
+class Restarts:  # the worker's observer, recording what it is told
     def __init__(self):
         self.seen = []
+        self.reasons = []
+        self.retried = 0
+        self.failed = []
 
     def forwarded(self, seconds):
         pass
 
     def restarted(self, reason):
         self.seen.append(1)
+        self.reasons.append(reason)
 
     def batch_retried(self):
-        pass
+        self.retried += 1
 
     def batch_failed(self, reason):
-        pass
+        self.failed.append(reason)
 
 
 @pytest.mark.parametrize("mode", ["process", "thread"])
@@ -123,3 +129,80 @@ def test_worker_reports_a_failed_load(tmp_path):
 
     asyncio.run(main())
     assert w.state == WorkerState.FAILED and "config.json" in w.error
+
+
+def three_pairs(w):
+    enc = w.info.tokenizer.encode(["cordless drill"] * 3, ["a drill", "a saw", "deck stain"])
+    return list(zip(enc.input_ids, enc.token_type_ids))
+
+
+def test_a_stopped_model_process_is_killed_by_the_watchdog_and_its_batch_retried(tiny_checkpoint):
+    """SIGSTOP the model process: the batch it is handed is held past batch_timeout_s, the watchdog
+    kills the process (SIGKILL works on a stopped one), a new one is started and the batch is served
+    by it. Nobody sees an error."""
+    obs = Restarts()
+    w = Worker(LoadSpec(str(tiny_checkpoint), warmup=False), observer=obs, batch_timeout_s=1.0)
+
+    async def main():
+        w.start()
+        await w.wait_ready()
+        first = w.pids[0]
+        want = [o.probs for o in await w.run(three_pairs(w))]
+        os.kill(first, signal.SIGSTOP)
+        try:
+            t0 = time.monotonic()
+            outs = await asyncio.wait_for(w.run(three_pairs(w)), 60)
+        finally:
+            if first in w.pids:  # the watchdog did not act: do not leave a stopped process behind
+                os.kill(first, signal.SIGKILL)
+        assert time.monotonic() - t0 >= 1.0
+        assert [o.probs for o in outs] == want
+        assert w.state == WorkerState.READY and w.pids[0] != first
+
+    asyncio.run(main())
+    w.stop()
+    assert obs.reasons == ["timeout"] and obs.retried == 1 and obs.failed == []
+    assert w.describe()["batch_timeout_s"] == 1.0
+
+
+def test_a_batch_whose_process_is_killed_is_retried_on_a_new_one(tiny_checkpoint):
+    obs = Restarts()
+    w = Worker(LoadSpec(str(tiny_checkpoint), warmup=False), observer=obs)  # no watchdog
+
+    async def main():
+        w.start()
+        await w.wait_ready()
+        first = w.pids[0]
+        os.kill(first, signal.SIGSTOP)  # so that the batch is surely held when the process dies
+        held = asyncio.ensure_future(w.run(three_pairs(w)))
+        await asyncio.sleep(0.5)
+        os.kill(first, signal.SIGKILL)
+        outs = await asyncio.wait_for(held, 60)
+        assert len(outs) == 3 and w.pids[0] != first
+
+    asyncio.run(main())
+    w.stop()
+    assert obs.reasons == ["died"] and obs.retried == 1 and obs.failed == []
+
+
+def test_a_poison_batch_fails_after_its_retry_and_the_worker_serves_on(tiny_checkpoint):
+    """A batch that kills every process it reaches is retried once, then fails with ProcessDied; a
+    batch the model raises for fails at once (no retry). Other batches are served throughout."""
+    obs = Restarts()
+    spec = LoadSpec(str(tiny_checkpoint), warmup=False, fault_hook="tests.service.jobs:die_on_poison")
+    w = Worker(spec, observer=obs)
+
+    async def main():
+        w.start()
+        await w.wait_ready()
+        with pytest.raises(ProcessDied, match="died"):
+            await asyncio.wait_for(w.run([([101, POISON, 102], [0, 0, 0])]), 60)
+        with pytest.raises(ModelError, match="index"):
+            await w.run([([101, 10**6, 102], [0, 0, 0])])
+        assert len(await w.run(three_pairs(w))) == 3
+        assert w.state == WorkerState.READY
+
+    asyncio.run(main())
+    w.stop()
+    assert obs.reasons == ["died", "died"] and obs.retried == 1
+    assert obs.failed == ["process_died", "error"]
