@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse, PlainTextResponse
@@ -24,7 +25,7 @@ from service.schemas import (
 from service.settings import Settings
 
 router = APIRouter()
-ERRORS = {c: {"model": ErrorBody} for c in (400, 408, 413, 422, 429, 499, 500, 503)}
+ERRORS: dict[int | str, dict[str, Any]] = {c: {"model": ErrorBody} for c in (400, 408, 413, 422, 429, 499, 500, 503)}
 
 
 def check_limits(s: Settings, queries: list[str], titles: list[str]) -> None:
@@ -63,7 +64,7 @@ async def score(body: ScoreRequest, request: Request, engine: EngineDep, setting
     labels = scored.labels
     results = []
     for i, (out, n, cut) in enumerate(zip(scored.outputs, scored.enc.lengths, scored.enc.truncated)):
-        r = {"index": i, "level": labels[out.level], "score": out.expected, "tokens": n,
+        r: dict[str, Any] = {"index": i, "level": labels[out.level], "score": out.expected, "tokens": n,
              "truncated": cut}
         if body.return_probs:
             r["probs"] = dict(zip(labels, out.probs))
@@ -87,7 +88,8 @@ async def predict(body: PredictRequest, request: Request, engine: EngineDep, set
     out = []
     for o in scored.outputs:
         vals = o.logits if body.raw_scores else o.probs
-        out.append(sorted(({"score": v, "label": lab} for v, lab in zip(vals, labels)), key=lambda p: -p["score"]))
+        ranked = sorted(zip(vals, labels), key=lambda p: -p[0])
+        out.append([{"score": v, "label": lab} for v, lab in ranked])
     return JSONResponse(out[0] if body.single else out)
 
 
@@ -101,7 +103,7 @@ async def rerank(body: RerankRequest, request: Request, engine: EngineDep, setti
     )
     ranks = []
     for i, o in enumerate(scored.outputs):
-        r = {"index": i, "score": o.expected}
+        r: dict[str, Any] = {"index": i, "score": o.expected}
         if body.return_text:
             r["text"] = body.texts[i]
         ranks.append(r)

@@ -77,8 +77,8 @@ def resolve_dtype(settings: Settings, device: torch.device) -> str:
 def cgroup_cpu_limit(root: Path = Path("/sys/fs/cgroup")) -> float | None:
     """The container's CPU quota in cores (cgroup v2 `cpu.max`, or v1 `cfs_quota_us`), None if unlimited."""
     try:
-        quota, period = (root / "cpu.max").read_text().split()[:2]
-        return None if quota == "max" else int(quota) / int(period)
+        limit, every = (root / "cpu.max").read_text().split()[:2]
+        return None if limit == "max" else int(limit) / int(every)
     except (OSError, ValueError):
         pass
     try:

@@ -312,7 +312,7 @@ def test_a_stopped_model_process_is_replaced_without_failing_a_request(tiny_chec
     import os
     import signal
 
-    with live_server(tiny_checkpoint, batch_timeout_s=1) as srv:
+    with live_server(tiny_checkpoint, batch_timeout_s=1, replicas=1, threads=1) as srv:
         pid = srv.engine.worker.pids[0]
         os.kill(pid, signal.SIGSTOP)
         try:
