@@ -8,6 +8,9 @@ import logging
 import re
 import sys
 
+from service.cli_score import add_score as _add_score
+from service.cli_score import cmd_score as _cmd_score
+
 
 def _add_train(sub) -> None:
     from dataclasses import MISSING, fields
@@ -339,6 +342,7 @@ def main(argv: list[str] | None = None) -> int:
     _add_prune(sub)
     _add_export(sub)
     _add_calibrate(sub)
+    _add_score(sub)
     a = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     from model.checkpoint import CheckpointError
@@ -347,7 +351,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return {"serve": _cmd_serve, "train": _cmd_train, "eval": _cmd_eval, "baseline": _cmd_baseline,
                 "heads": _cmd_heads, "prune": _cmd_prune, "export": _cmd_export,
-                "calibrate": _cmd_calibrate}[a.command](a)
+                "calibrate": _cmd_calibrate, "score": _cmd_score}[a.command](a)
     except (DataError, CheckpointError) as e:
         print(f"qtrel {a.command}: {e}", file=sys.stderr)
         return 2

@@ -1,0 +1,78 @@
+"""`qtrel score` end to end through `service.cli.main`, on the tiny real checkpoint."""
+
+from __future__ import annotations
+
+import csv
+import json
+
+from model.classifier import RelevanceModel
+from service.cli import main
+
+
+def _run(capsys, *args) -> tuple[int, str, str]:
+    rc = main([str(x) for x in args])
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+def _write(path, rows: list[tuple[str, str]]):
+    with path.open("w", encoding="utf-8", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["search", "product", "level"])
+        w.writerows([(q, t, "3") for q, t in rows])
+    return path
+
+
+PAIRS = [("cordless drill", "DEWALT 20V MAX Cordless Drill"), ("garden hose", "50 ft. Garden Hose"),
+         ("angle bracket", "Simpson Strong-Tie 12-Gauge Angle"), ("rope", "nylon rope 50 ft"),
+         ("paint", "interior paint, eggshell, 1 gal.")] * 3  # fmt: skip
+
+
+def test_score_writes_the_scores_and_resumes(tiny_checkpoint, tmp_path, capsys):
+    src, out = _write(tmp_path / "in.csv", PAIRS), tmp_path / "out.csv"
+    args = ["score", src, "--out", out, "--model", tiny_checkpoint, "--query-column", "search", "--title-column",
+            "product", "--prefix", "pred_", "--chunk-rows", "4", "--threads", "1", "--no-progress"]  # fmt: skip
+    rc, stdout, err = _run(capsys, *args)
+    assert rc == 0, err
+    summary = json.loads(stdout)
+    assert (summary["rows"], summary["scored"], summary["bad"]) == (15, 15, 0) and summary["pairs_per_s"] > 0
+    with out.open(encoding="utf-8", newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert list(rows[0]) == ["search", "product", "level", "pred_level", "pred_score",
+                             *(f"pred_p_{x}" for x in "12345")]  # fmt: skip
+    expected = RelevanceModel.load(tiny_checkpoint).predict(PAIRS)
+    assert [r["pred_level"] for r in rows] == [e.level for e in expected]
+    assert all(abs(float(r["pred_score"]) - e.score) < 1e-5 for r, e in zip(rows, expected))
+
+    full = out.read_bytes()
+    rc, _, err = _run(capsys, *args)
+    assert rc == 2 and "exists: pass --resume" in err
+    out.write_bytes(full[: len(full) - 30])  # cut inside the last row
+    rc, stdout, err = _run(capsys, *args, "--resume")
+    assert rc == 0, err
+    assert json.loads(stdout)["kept"] == 12 and out.read_bytes() == full
+
+
+def test_score_reports_bad_rows_and_options(tiny_checkpoint, tmp_path, capsys):
+    src = _write(tmp_path / "in.csv", [("drill", "DEWALT drill"), ("hose", "")])
+    rc, _, err = _run(
+        capsys,
+        "score",
+        src,
+        "--out",
+        tmp_path / "out.csv",
+        "--model",
+        tiny_checkpoint,
+        "--query-column",
+        "search",
+        "--title-column",
+        "product",
+        "--prefix",
+        "p.",
+        "--no-progress",
+    )
+    assert rc == 2 and f"{src}:3: empty 'product'" in err and "--skip-bad" in err
+    rc, _, err = _run(capsys, "score", src, "--out", tmp_path / "out2.csv", "--model", tiny_checkpoint)
+    assert rc == 2 and "no column 'query'" in err and "--query-column" in err
+    rc, _, err = _run(capsys, "score", src, "--out", tmp_path / "x.csv", "--model", "builtin:nope")
+    assert rc == 2 and "no built-in model 'nope'" in err
