@@ -46,3 +46,11 @@ def test_cli_flags_cover_every_setting(capsys):
 def test_serve_refuses_an_unknown_built_in_model(capsys):
     assert main(["serve", "--model", "builtin:tiny"]) == 2
     assert "no built-in model 'tiny'" in capsys.readouterr().err
+
+
+def test_batch_timeout_comes_from_the_environment_and_must_be_positive(monkeypatch):
+    assert Settings().batch_timeout_s == 30.0
+    monkeypatch.setenv("QTREL_BATCH_TIMEOUT_S", "2.5")
+    assert Settings().batch_timeout_s == 2.5
+    with pytest.raises(ValidationError):
+        Settings(batch_timeout_s=0)
