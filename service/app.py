@@ -21,6 +21,7 @@ from service.explain import install_explain
 from service.logs import request_id
 from service.metrics import Metrics
 from service.routes import router
+from service.routes_compat import router as compat_router
 from service.runtime import package_version, resolve_runtime
 from service.settings import Settings
 from service.worker import Worker
@@ -29,7 +30,8 @@ log = logging.getLogger("qtrel.http")
 
 # Route label values for metrics; anything else is "other", so label cardinality stays bounded.
 KNOWN_ROUTES = {"/score", "/predict", "/rerank", "/explain", "/explain/view", "/health/live", "/health/ready",
-                "/livez", "/readyz", "/metrics", "/info", "/docs", "/openapi.json"}
+                "/livez", "/readyz", "/metrics", "/info", "/docs", "/openapi.json", "/v1/rerank", "/v2/rerank",
+                "/tokenize"}
 QUIET_ROUTES = {"/health/live", "/health/ready", "/livez", "/readyz", "/metrics"}
 
 
@@ -168,6 +170,7 @@ def create_app(settings: Settings | None = None, lifecycle: Lifecycle | None = N
     )
     errors.install(app)
     app.include_router(router)
+    app.include_router(compat_router)
     install_explain(app, settings)
     app.add_middleware(EdgeMiddleware, metrics=metrics, max_body_bytes=settings.max_body_bytes)
     return app
