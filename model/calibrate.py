@@ -53,6 +53,35 @@ def fit_temperature(logits: Tensor, labels: Tensor, lo: float = 0.05, hi: float 
     return math.exp((a + b) / 2)
 
 
+def fit_vector_scaling(logits: Tensor, labels: Tensor, weights: Tensor | None = None, iters: int = 200) -> tuple[float, Tensor]:
+    """Temperature T and a bias per level b minimising weighted cross-entropy of logits / T + b (a
+    diagonal-free variant of Guo et al.'s vector scaling: it corrects the level prior as well as the
+    confidence). LBFGS on (log T, b); convex in b for fixed T and well behaved in practice."""
+    w = torch.ones(len(labels)) if weights is None else weights
+    log_t = torch.zeros(1, requires_grad=True)
+    b = torch.zeros(logits.shape[1], requires_grad=True)
+    opt = torch.optim.LBFGS([log_t, b], lr=0.5, max_iter=iters, line_search_fn="strong_wolfe")
+
+    def closure():
+        opt.zero_grad()
+        nll = torch.nn.functional.cross_entropy(logits / log_t.exp() + b, labels, reduction="none")
+        loss = (w * nll).sum() / w.sum()
+        loss.backward()
+        return loss
+
+    opt.step(closure)
+    return float(log_t.exp()), (b - b.mean()).detach()
+
+
+@torch.no_grad()
+def fold_bias(module: BertForRelevance, b: Tensor) -> None:
+    """Add a bias per level to the head in place, recorded in the config (cumulative)."""
+    module.classifier.bias.add_(b.to(module.classifier.bias.dtype))
+    prev = module.cfg.extra.get("qtrel_level_bias") or [0.0] * len(b)
+    total = [round(float(x) + float(y), 6) for x, y in zip(prev, b.tolist())]
+    module.cfg = replace(module.cfg, extra={**module.cfg.extra, "qtrel_level_bias": total})
+
+
 @torch.no_grad()
 def fold_temperature(module: BertForRelevance, t: float) -> None:
     """Divide the head by T in place and record the cumulative temperature in the config."""

@@ -1,0 +1,91 @@
+"""Post-hoc calibration variants of a checkpoint on dev, judged pairs and sampled negatives side by side.
+
+For each variant: RMSE on the 1..3 scale and NDCG@10 of the judged pairs, QWK of the level rule (cut
+points fitted on dev, and cross-fitted on halves of the queries), the share of each level, and how sampled
+negatives are graded (share at level 1-2, AUC judged vs negative). Logits are computed once per checkpoint.
+
+    python bench/calibration_variants.py model/default runs/v2 --out docs/bench/calibration_variants.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from model.calibrate import crossfit_qwk, fit_temperature, fit_vector_scaling  # noqa: E402
+from model.classifier import RelevanceModel  # noqa: E402
+from model.data import read_labelled  # noqa: E402
+from model.evaluate import metrics_of, negatives_report, score_dataset  # noqa: E402
+from model.negatives import sample_negatives  # noqa: E402
+from model.scoring import LevelRule, fit_cuts, score_logits  # noqa: E402
+
+DEV = Path(__file__).resolve().parent.parent.parent / "shared" / "data" / "homedepot" / "dev.csv"
+
+
+def variants(judged: torch.Tensor, neg: torch.Tensor, y: torch.Tensor) -> dict[str, tuple[float, torch.Tensor]]:
+    """name -> (temperature, bias per level) fitted on dev."""
+    k = judged.shape[1]
+    out = {"raw": (1.0, torch.zeros(k)), "temperature": (fit_temperature(judged, y), torch.zeros(k))}
+    out["vector (judged)"] = fit_vector_scaling(judged, y)
+    both = torch.cat([judged, neg])
+    yy = torch.cat([y, torch.zeros(len(neg), dtype=torch.long)])
+    for w in (0.1, 0.3):
+        weights = torch.cat([torch.ones(len(judged)), torch.full((len(neg),), w)])
+        out[f"vector (judged + {w} x negatives)"] = fit_vector_scaling(both, yy, weights)
+    return out
+
+
+def report(path: str, ds, negs, min_share: float) -> dict:
+    model = RelevanceModel.load(path, fast=True)
+    judged = score_dataset(model, ds.examples).logits
+    neg = score_dataset(model, negs).logits
+    y = torch.tensor(ds.labels)
+    rows = {}
+    for name, (t, b) in variants(judged, neg, y).items():
+        sj = score_logits(judged / t + b, model.values, LevelRule())
+        cuts = fit_cuts(sj.expected.tolist(), ds.labels, len(model.labels), min_share)
+        rule = LevelRule(cuts)
+        sj = score_logits(judged / t + b, model.values, rule)
+        sn = score_logits(neg / t + b, model.values, rule)
+        m = metrics_of(ds, sj)
+        rows[name] = {
+            "temperature": round(t, 4), "bias": [round(x, 4) for x in b.tolist()], "cuts": [round(c, 4) for c in cuts],
+            "rmse_relevance": m["rmse_relevance"], "ndcg@10": m["ndcg@10"], "qwk_cuts": m["qwk"],
+            "qwk_crossfit": crossfit_qwk(ds, sj.expected, len(model.labels), min_share),
+            "log_loss": torch.nn.functional.cross_entropy(judged / t + b, y).item(),
+            "level_shares": (torch.bincount(sj.level, minlength=len(model.labels)) / len(ds)).tolist(),
+            "negatives": negatives_report(ds, sj, negs, sn),
+        }
+        r = rows[name]
+        print(f"{path:24s} {name:32s} rmse {r['rmse_relevance']:.4f} ndcg {r['ndcg@10']:.4f} "
+              f"qwk {r['qwk_cuts']:.4f} (x-fit {r['qwk_crossfit']:.4f}) neg12 {r['negatives']['level12_share']:.3f} "
+              f"auc {r['negatives']['auc']:.4f} shares {[round(x, 3) for x in r['level_shares']]}", flush=True)
+    return rows
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("checkpoints", nargs="+")
+    ap.add_argument("--data", default=str(DEV))
+    ap.add_argument("--negatives", type=float, default=1.0)
+    ap.add_argument("--min-share", type=float, default=0.02)
+    ap.add_argument("--threads", type=int, default=0)
+    ap.add_argument("--out")
+    a = ap.parse_args()
+    if a.threads:
+        torch.set_num_threads(a.threads)
+    ds = read_labelled(a.data, ["1", "2", "3", "4", "5"])
+    negs = sample_negatives(ds, a.negatives, seed=0)
+    res = {p: report(p, ds, negs, a.min_share) for p in a.checkpoints}
+    if a.out:
+        Path(a.out).write_text(json.dumps({"data": a.data, "negatives": len(negs), "results": res}, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
