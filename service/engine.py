@@ -38,6 +38,18 @@ class Scored:
     model: str  # the model's name
 
 
+@dataclass
+class Tokenized:
+    """Pairs as the model sees them, and what was cut (`/tokenize`): no forward pass."""
+
+    enc: EncodedPairs
+    tokens: list[list[str]]  # per pair, the text of each id
+    query_tokens: list[list[str]]  # per pair, the query's and the title's word pieces before truncation
+    title_tokens: list[list[str]]
+    max_length: int
+    model: str
+
+
 class Engine:
     def __init__(self, settings: Settings, runtime: Runtime, worker: Worker, batcher: Batcher, metrics: Metrics):
         self.settings = settings
@@ -179,6 +191,23 @@ class Engine:
         for o in outputs:
             self.metrics.levels.labels(model.labels[o.level]).inc()
         return Scored(list(outputs), enc, model.labels, model.name)
+
+    async def tokenize(self, queries: list[str], titles: list[str], truncation: str = "only_second",
+                       side: str = "right") -> Tokenized:
+        """The pairs' tokens under these truncation options, and their lengths before truncation."""
+        model = self._model()
+        tok = model.tokenizer
+
+        def work() -> Tokenized:
+            enc = tok.encode(queries, titles, truncation=truncation, side=side)  # type: ignore[arg-type]
+            uniq = list(dict.fromkeys(queries))
+            qtok = dict(zip(uniq, map(tok.tokens, tok.encode_texts(uniq))))
+            return Tokenized(enc, [tok.tokens(ids) for ids in enc.input_ids], [qtok[q] for q in queries],
+                             [tok.tokens(ids) for ids in tok.encode_texts(titles)], model.max_length, model.name)
+
+        if len(queries) <= INLINE_PAIRS:
+            return work()
+        return await asyncio.get_running_loop().run_in_executor(self._tok_pool, work)
 
     async def explain(self, query: str, title: str, **options) -> dict:
         """model.explain.explain_pair on a model, between batches (the worker's "explain" job)."""

@@ -4,13 +4,15 @@ vLLM, Infinity and LangChain's or LlamaIndex's Cohere rerankers send too.
 A 5-level model has no single relevance logit, so `relevance_score` is the expected level mapped onto
 0..1: (E - lo) / (hi - lo) for the model's lowest and highest level values, (E - 1) / (k - 1) for levels
 1..k. It ranks exactly as `/score`'s `score` does.
+
+And TEI's `/tokenize`, for pairs: the tokens the model sees and what truncation cut, without a forward pass.
 """
 
 from __future__ import annotations
 
 import math
 import uuid
-from typing import Any
+from typing import Any, Literal
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
@@ -18,8 +20,8 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, model_
 
 from model.scoring import level_values
 from service.deps import EngineDep, MetricsDep, SettingsDep, TimeoutHeader
-from service.routes import ERRORS, score_watched
-from service.schemas import Text
+from service.routes import ERRORS, check_limits, score_watched
+from service.schemas import Direction, Pair, Text
 
 router = APIRouter(tags=["rerank (Cohere, Jina)"])
 
@@ -135,3 +137,98 @@ async def rerank_v1(body: CompatRerankRequest, request: Request, engine: EngineD
 async def rerank_v2(body: CompatRerankRequest, request: Request, engine: EngineDep, settings: SettingsDep,
                     metrics: MetricsDep, timeout_ms: TimeoutHeader = None):
     return await rerank("2", body, request, engine, settings, metrics, timeout_ms)
+
+
+# --- /tokenize ---------------------------------------------------------------------------------
+class TokenizeRequest(BaseModel):
+    """One pair, or a list of pairs, with the truncation options /score and /predict take."""
+
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={"examples": [{"query": "cordless drill", "title": "DEWALT 20V MAX Cordless Drill"}]},
+    )
+    query: Text | None = None
+    title: Text | None = None
+    pairs: list[Pair] | None = Field(None, min_length=1)
+    truncation: Literal["only_second", "longest_first"] = Field(
+        "only_second", description="only_second (/score's default): cut the title, keep the query whole")
+    truncation_direction: Direction = Field("Right", description="which end of a text is cut: Right cuts its end")
+
+    @model_validator(mode="after")
+    def _one_form(self) -> TokenizeRequest:
+        single = self.query is not None or self.title is not None
+        if single == (self.pairs is not None):
+            raise ValueError("give either `query` + `title` or `pairs`")
+        for what, texts in (("query", self.as_pairs()[0]), ("title", self.as_pairs()[1])):
+            for i, t in enumerate(texts):
+                if t is None or not t.strip():
+                    raise ValueError(f"{what} {i} is missing, empty or whitespace")
+        return self
+
+    def as_pairs(self) -> tuple[list[str], list[str]]:
+        if self.pairs is not None:
+            return [p.query for p in self.pairs], [p.title for p in self.pairs]
+        return [self.query], [self.title]  # type: ignore[list-item]  # None is refused by _one_form
+
+
+class Token(BaseModel):
+    id: int
+    text: str
+    segment: int = Field(description="0 query, 1 title (the token type id)")
+    special: bool
+
+
+class TextCut(BaseModel):
+    tokens: int = Field(description="word pieces of the text before truncation, special tokens excluded")
+    kept: int
+    dropped: list[str] = Field(description="the word pieces truncation removed, in text order")
+
+
+class TokenizedPair(BaseModel):
+    index: int
+    length: int = Field(description="tokens the model sees, special tokens included")
+    truncated: bool
+    cut_from: Literal["end", "start"] | None = Field(description="which end of a text lost tokens; null when "
+                                                                 "nothing was cut")
+    query: TextCut
+    title: TextCut
+    tokens: list[Token]
+    input_ids: list[int]
+    token_type_ids: list[int]
+
+
+class TokenizeResponse(BaseModel):
+    model: str
+    max_length: int = Field(description="the model's limit for a pair, special tokens included")
+    results: list[TokenizedPair]
+
+
+def text_cut(full: list[str], kept: int, side: str) -> dict[str, Any]:
+    dropped = full[kept:] if side == "right" else full[: len(full) - kept]
+    return {"tokens": len(full), "kept": kept, "dropped": dropped}
+
+
+@router.post("/tokenize", response_model=TokenizeResponse, responses=ERRORS, tags=["text-embeddings-inference"])
+async def tokenize(body: TokenizeRequest, engine: EngineDep, settings: SettingsDep):
+    """The tokens of each pair as the model sees them (`[CLS] query [SEP] title [SEP]`, segment ids 0/1) and
+    what truncation cut: how many word pieces of the query and the title were kept, which were dropped and from
+    which end. No forward pass."""
+    queries, titles = body.as_pairs()
+    check_limits(settings, queries, titles)
+    side = body.truncation_direction.lower()
+    t = await engine.tokenize(queries, titles, truncation=body.truncation, side=side)
+    results = []
+    for i, (ids, segs, toks, cut) in enumerate(zip(t.enc.input_ids, t.enc.token_type_ids, t.tokens,
+                                                   t.enc.truncated)):
+        n_query = segs.count(0) - 2  # [CLS] and the first [SEP] are segment 0
+        specials = {0, n_query + 1, len(ids) - 1}
+        results.append({
+            "index": i, "length": len(ids), "truncated": cut, "cut_from": ("end" if side == "right" else "start")
+            if cut else None,
+            "query": text_cut(t.query_tokens[i], n_query, side),
+            "title": text_cut(t.title_tokens[i], len(ids) - n_query - 3, side),
+            "tokens": [{"id": x, "text": s, "segment": g, "special": j in specials}
+                       for j, (x, s, g) in enumerate(zip(ids, toks, segs))],
+            "input_ids": ids, "token_type_ids": segs,
+        })
+    return JSONResponse({"model": t.model, "max_length": t.max_length, "results": results})
