@@ -22,12 +22,12 @@ from __future__ import annotations
 import logging
 import shutil
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import numpy as np
 
-from model.bulk_io import Chunk, CsvSink, CsvSource, JsonlSink, JsonlSource, Scores, format_of, parts_dir
+from model.bulk_io import Chunk, CsvSink, CsvSource, JsonlSink, JsonlSource, Scores, Sink, Source, format_of, parts_dir
 from model.bulk_parquet import ParquetSink, ParquetSource
 from model.classifier import RelevanceModel
 from model.data import DataError
@@ -36,8 +36,12 @@ __all__ = ["score_file", "score_pairs", "score_names"]
 
 log = logging.getLogger("qtrel.bulk")
 
-SOURCES = {"csv": CsvSource, "jsonl": JsonlSource, "parquet": ParquetSource}
-SINKS = {"csv": CsvSink, "jsonl": JsonlSink, "parquet": ParquetSink}
+SOURCES: dict[str, Callable[[Path, str, str], Source]] = {
+    "csv": CsvSource,
+    "jsonl": JsonlSource,
+    "parquet": ParquetSource,
+}
+SINKS: dict[str, Callable[..., Sink]] = {"csv": CsvSink, "jsonl": JsonlSink, "parquet": ParquetSink}
 
 
 def score_names(labels: Sequence[str], prefix: str = "") -> list[str]:

@@ -21,7 +21,7 @@ import os
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -49,6 +49,26 @@ class Scores:
     names: list[str]  # level, score, p_<label>...
     level: list[str | None]
     values: np.ndarray  # (n, 1 + levels) float32: expected level, then one probability per level
+
+
+class Source(Protocol):
+    @property
+    def columns(self) -> list[str] | None: ...  # None: JSON lines, whose rows may each have other keys
+
+    @property
+    def total(self) -> int | None: ...  # rows, where the format tells without reading them (Parquet)
+
+    def chunks(self, size: int, skip: int = 0) -> Iterator[Chunk]: ...
+
+
+class Sink(Protocol):
+    rows_done: int  # rows in the output, complete
+
+    def write(self, chunk: Chunk, scores: Scores) -> None: ...
+
+    def finish(self) -> None: ...  # after the last chunk
+
+    def close(self) -> None: ...  # always, also after an error
 
 
 def format_of(path: Path) -> str:
@@ -275,6 +295,7 @@ class JsonlSource:
                 if b.seen < b.skip:  # resumed: these rows are written already
                     b.add(n, ("", ""), None)
                     continue
+                pair: tuple[str, str] | str
                 try:
                     row = json.loads(line)
                 except json.JSONDecodeError as e:
