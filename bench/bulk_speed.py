@@ -1,0 +1,101 @@
+"""Bulk scoring speed: `qtrel score` (model.bulk.score_file) against RelevanceModel.predict on the same pairs.
+
+Both run on one loaded model (the fast path of bench/model_speed.py: oneDNN-packed linears, no padding),
+in the same process, interleaved (the order rotates per repeat), median of the repeats. predict is given
+the pairs already in memory; score_file also reads the CSV, tokenises per chunk and writes the output,
+so the ratio is what the file handling costs. The machine is shared, so the ratios mean more than the
+pairs/s.
+
+  python bench/bulk_speed.py                          # Home Depot dev, built-in default model, into docs/benchmarks.md
+  python bench/bulk_speed.py --pairs 500 --repeats 1 --quick
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+from results import DEV, command_line, machine, machine_lines, output_paths, update_section, write_json
+
+from model.bulk import score_file
+from model.classifier import RelevanceModel
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", type=Path, default=ROOT / "model" / "default", help="checkpoint (default: built-in)")
+    p.add_argument("--data", type=Path, default=DEV)
+    p.add_argument("--pairs", type=int, default=0, help="first N pairs of the file (0: all)")
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--quick", action="store_true", help="results under /tmp/qtrel-bench-quick")
+    a = p.parse_args()
+    torch.set_num_threads(a.threads)
+    model = RelevanceModel.load(a.model)  # fast=True
+    model.warm_up()
+    with tempfile.TemporaryDirectory(prefix="qtrel-bulk-") as tmp:
+        src = Path(tmp) / "in.csv"
+        with a.data.open(encoding="utf-8") as f:
+            lines = f.readlines()
+        src.write_text("".join(lines[: a.pairs + 1] if a.pairs else lines), encoding="utf-8")
+        with src.open(encoding="utf-8", newline="") as f:
+            pairs = [(r["query"], r["title"]) for r in csv.DictReader(f)]
+        n = len(pairs)
+        out = Path(tmp) / "out.csv"
+
+        def bulk(chunk: int):
+            return lambda: score_file(model, src, out, prefix="pred_", chunk_rows=chunk, overwrite=True, progress=False)
+
+        systems = {"RelevanceModel.predict": lambda: model.predict(pairs), "qtrel score": bulk(20000),
+                   "qtrel score --chunk-rows 1000": bulk(1000)}  # fmt: skip
+        seconds: dict[str, list[float]] = {k: [] for k in systems}
+        names = list(systems)
+        for r in range(a.repeats):
+            for name in names[r % len(names) :] + names[: r % len(names)]:
+                t0 = time.perf_counter()
+                systems[name]()
+                seconds[name].append(time.perf_counter() - t0)
+            print(f"repeat {r + 1}/{a.repeats}: " + ", ".join(f"{k} {v[-1]:.2f}s" for k, v in seconds.items()))
+        ref = model.predict(pairs)
+        score_file(model, src, out, prefix="pred_", overwrite=True, progress=False)
+        with out.open(encoding="utf-8", newline="") as f:
+            diff = max(abs(float(row["pred_score"]) - e.score) for row, e in zip(csv.DictReader(f), ref))
+    pps = {k: n / statistics.median(v) for k, v in seconds.items()}
+    base = pps["RelevanceModel.predict"]
+    report = {"machine": machine(), "command": command_line(), "pairs": n, "threads": a.threads,
+              "repeats": a.repeats, "model": str(a.model), "seconds": seconds, "pairs_per_s": pps,
+              "ratio_vs_predict": {k: v / base for k, v in pps.items()}, "max_abs_score_diff": diff}  # fmt: skip
+    lines_md = [
+        "## Bulk scoring (`bench/bulk_speed.py`)",
+        "",
+        f"`qtrel score` (model.bulk.score_file: read the CSV, tokenise per chunk, length-sorted batches of at most "
+        f"8192 padded tokens, write the output) against `RelevanceModel.predict` on the same {n} pairs in memory, "
+        f"one loaded model (fast path), {a.threads} torch threads, interleaved, median of {a.repeats} repeats. "
+        "The machine is shared with other work: read the ratios, not the pairs/s.",
+        "",
+        *machine_lines(report["machine"], report["command"]),
+        "",
+        "| system | pairs/s | x predict |",
+        "|---|---:|---:|",
+        *(f"| {k} | {v:.0f} | {v / base:.2f} |" for k, v in pps.items()),
+        "",
+        f"Largest difference of the expected level between the two: {diff:.1e} (chunks form other batches).",
+    ]
+    text = "\n".join(lines_md)
+    print("\n" + text)
+    md, js = output_paths("bulk_speed", a.quick)
+    write_json(js, report)
+    update_section(md, "bulk_speed", text)
+    print(f"\nwrote {js} and the bulk_speed section of {md}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
