@@ -19,7 +19,7 @@ import logging
 import time
 from pathlib import Path
 
-from model.bulk import score_names, score_pairs
+from model.bulk import SOURCES, score_names, score_pairs
 from model.bulk_io import check_collision, format_of, pair_or_problem
 from model.bulk_parquet import append_scores
 from model.checkpoint import load_config
@@ -130,6 +130,9 @@ def score_dataset_ray(
         raise ValueError(f"{output} exists and is not empty: remove it or pass --overwrite")
     if num_actors < 1 or batch_size < 1:
         raise ValueError("num_actors and batch_size must be at least 1")
+    names = score_names(load_config(Path(model_dir)).labels, prefix)
+    if input.is_file() and kind != "jsonl":  # before a cluster starts: the header says it
+        check_collision(names, SOURCES[kind](input, query_column, title_column).columns or [], input)
     if not ray.is_initialized():
         ray.init(address=None if address == "local" else address, log_to_driver=False)
     cpus = ray.cluster_resources().get("CPU", 0.0)
@@ -144,7 +147,7 @@ def score_dataset_ray(
     ctx = ray.data.DataContext.get_current()
     ctx.execution_options.preserve_order = preserve_order
     ds = _read(ray, input, kind, query_column, title_column)
-    check_collision(score_names(load_config(Path(model_dir)).labels, prefix), ds.schema().names, input)
+    check_collision(names, ds.schema().names, input)
     scorer_args = dict(
         model_dir=str(model_dir),
         query_column=query_column,

@@ -74,6 +74,8 @@ def cmd_score(a) -> int:
         overwrite=a.overwrite,
     )
     try:
+        if a.ray and a.resume:
+            raise ValueError("--resume works on one machine only: a Ray run writes its output folder anew")
         if a.ray:
             from model.ray_score import score_dataset_ray
 
