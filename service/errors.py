@@ -20,6 +20,7 @@ class ErrorKind(str, Enum):
     BAD_REQUEST = "bad_request"  # unreadable body: invalid JSON or UTF-8
     VALIDATION = "validation"  # well-formed but wrong: types, empty texts, unknown options
     TOO_LARGE = "payload_too_large"  # body, pair count or text length over a limit
+    UNAUTHORIZED = "unauthorized"  # no, a malformed or a wrong API key
     NOT_FOUND = "not_found"
     METHOD = "method_not_allowed"
     TIMEOUT = "timeout"  # the request's deadline passed before its work ran
@@ -34,6 +35,7 @@ STATUS = {
     ErrorKind.BAD_REQUEST: 400,
     ErrorKind.VALIDATION: 422,
     ErrorKind.TOO_LARGE: 413,
+    ErrorKind.UNAUTHORIZED: 401,
     ErrorKind.NOT_FOUND: 404,
     ErrorKind.METHOD: 405,
     ErrorKind.TIMEOUT: 408,
@@ -53,9 +55,16 @@ class ServiceError(Exception):
         self.retry_after = retry_after
 
 
+# Headers that every response of a kind carries (RFC 9110: a 401 names its scheme).
+HEADERS = {ErrorKind.UNAUTHORIZED: {"WWW-Authenticate": "Bearer"}}
+
+
 def error_response(kind: ErrorKind, message: str, retry_after: float | None = None) -> JSONResponse:
-    headers = {"Retry-After": str(max(1, round(retry_after)))} if retry_after is not None else None
-    return JSONResponse({"error": message, "error_type": kind.value}, status_code=STATUS[kind], headers=headers)
+    headers = dict(HEADERS.get(kind, {}))
+    if retry_after is not None:
+        headers["Retry-After"] = str(max(1, round(retry_after)))
+    return JSONResponse({"error": message, "error_type": kind.value}, status_code=STATUS[kind],
+                        headers=headers or None)
 
 
 def _validation_message(exc: RequestValidationError) -> tuple[ErrorKind, str]:
@@ -81,7 +90,8 @@ def install(app: FastAPI) -> None:
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(_: Request, exc: StarletteHTTPException):
-        kind = {404: ErrorKind.NOT_FOUND, 405: ErrorKind.METHOD, 400: ErrorKind.BAD_REQUEST}.get(
+        kind = {401: ErrorKind.UNAUTHORIZED, 404: ErrorKind.NOT_FOUND, 405: ErrorKind.METHOD,
+                400: ErrorKind.BAD_REQUEST}.get(
             exc.status_code, ErrorKind.BAD_REQUEST
         )
         return error_response(kind, str(exc.detail))

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Literal
 
-from fastapi import APIRouter, FastAPI, Response
+from fastapi import APIRouter, Response
 from fastapi.responses import HTMLResponse
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, model_validator
 
@@ -116,9 +116,12 @@ class RateLimiter:
         return (1 - self.tokens) / self.rate
 
 
-def explain_router(settings: Settings) -> APIRouter:
-    """The /explain routes with their own rate limiter (one per app)."""
+def explain_routers(settings: Settings) -> tuple[APIRouter, APIRouter]:
+    """The /explain API, with its own rate limiter (one per app), and the /explain/view page. The API is
+    protected by app.py like the scoring routes; the page is static HTML that sends the key its user types
+    in with each of its /explain calls, so it stays open."""
     router = APIRouter(tags=["explanations"])
+    page = APIRouter(tags=["explanations"])
     limiter = RateLimiter(settings.explain_per_minute) if settings.explain_per_minute > 0 else None
     view = VIEW.read_text(encoding="utf-8")
 
@@ -147,15 +150,11 @@ def explain_router(settings: Settings) -> APIRouter:
         content = await asyncio.to_thread(json.dumps, out, separators=(",", ":"))
         return Response(content, media_type="application/json")
 
-    @router.get("/explain/view", response_class=HTMLResponse, responses={404: {"model": ErrorBody}})
+    @page.get("/explain/view", response_class=HTMLResponse, responses={404: {"model": ErrorBody}})
     async def explain_view():
         """A page with a form that draws an explanation: attention between query and title tokens for
         one layer and head, [CLS] attention, occlusion attribution, the level's probabilities."""
         check_enabled()
         return HTMLResponse(view)
 
-    return router
-
-
-def install_explain(app: FastAPI, settings: Settings) -> None:
-    app.include_router(explain_router(settings))
+    return router, page

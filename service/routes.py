@@ -24,8 +24,12 @@ from service.schemas import (
 )
 from service.settings import Settings
 
-router = APIRouter()
-ERRORS: dict[int | str, dict[str, Any]] = {c: {"model": ErrorBody} for c in (400, 408, 413, 422, 429, 499, 500, 503)}
+router = APIRouter()  # scoring and /info: protected by an API key when keys are set (app.PROTECTED_ROUTERS)
+ops_router = APIRouter()  # health: always open (probes carry no key)
+metrics_router = APIRouter()  # /metrics: open unless protect_metrics
+ERRORS: dict[int | str, dict[str, Any]] = {
+    c: {"model": ErrorBody} for c in (400, 401, 408, 413, 422, 429, 499, 500, 503)
+}
 
 
 def check_limits(s: Settings, queries: list[str], titles: list[str]) -> None:
@@ -111,8 +115,8 @@ async def rerank(body: RerankRequest, request: Request, engine: EngineDep, setti
 
 
 # --- operations ----------------------------------------------------------------------------
-@router.get("/health/live", tags=["operations"])
-@router.get("/livez", include_in_schema=False)
+@ops_router.get("/health/live", tags=["operations"])
+@ops_router.get("/livez", include_in_schema=False)
 async def live(engine: EngineDep):
     """200 while the process and its model worker are alive."""
     ok, state = engine.liveness()
@@ -121,8 +125,8 @@ async def live(engine: EngineDep):
     return {"status": "alive"}
 
 
-@router.get("/health/ready", tags=["operations"], responses={503: {"model": ErrorBody}})
-@router.get("/readyz", include_in_schema=False)
+@ops_router.get("/health/ready", tags=["operations"], responses={503: {"model": ErrorBody}})
+@ops_router.get("/readyz", include_in_schema=False)
 async def ready(engine: EngineDep):
     """200 once the model is loaded and warmed up; 503 before that and while draining."""
     ok, why = engine.readiness()
@@ -131,14 +135,14 @@ async def ready(engine: EngineDep):
     return {"status": "ready"}
 
 
-@router.get("/metrics", tags=["operations"], response_class=PlainTextResponse)
+@metrics_router.get("/metrics", tags=["operations"], response_class=PlainTextResponse)
 async def metrics(metrics: MetricsDep):
     from prometheus_client import CONTENT_TYPE_LATEST
 
     return Response(metrics.render(), media_type=CONTENT_TYPE_LATEST)
 
 
-@router.get("/info", response_model=Info, tags=["operations"])
+@router.get("/info", response_model=Info, responses={401: {"model": ErrorBody}}, tags=["operations"])
 async def info(engine: EngineDep):
     """The model, its levels and limits, and the effective settings."""
     return Info(**engine.describe())

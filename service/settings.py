@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, PrivateAttr, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -53,6 +54,15 @@ class Settings(BaseSettings):
     request_timeout_ms: int = Field(30000, ge=1, description="default deadline; X-Request-Timeout-Ms overrides")
     drain_timeout_s: float = Field(30.0, ge=0, description="on SIGTERM, how long in-flight work may take")
 
+    # --- authentication ---
+    api_keys: SecretStr = Field(SecretStr(""), description="comma-separated API keys; when any key is set "
+                                "(here or in api_keys_file), the scoring, explanation and /info routes need "
+                                "Authorization: Bearer <key>. Never logged, never shown in /info")
+    api_keys_file: Path | None = Field(None, description="a file of API keys, one a line (blank lines and # "
+                                       "comments ignored), read at start; for Kubernetes Secrets")
+    protect_metrics: bool = Field(False, description="/metrics also needs an API key (when keys are set)")
+    _keys: tuple[str, ...] = PrivateAttr(())
+
     # --- explanations ---
     explain_per_minute: int = Field(60, ge=0, description="/explain calls per minute (0 disables the route)")
 
@@ -64,7 +74,38 @@ class Settings(BaseSettings):
         if self.max_pairs_per_request > self.max_queue_pairs:
             raise ValueError("max_pairs_per_request must not exceed max_queue_pairs: such a request could never "
                              "be admitted")
+        self._keys = _split_keys(self.api_keys.get_secret_value(), ",") + _read_keys(self.api_keys_file)
         return self
 
+    @property
+    def keys(self) -> tuple[str, ...]:
+        """Every API key, from api_keys and api_keys_file; empty: no authentication."""
+        return self._keys
+
     def public(self) -> dict:
-        return self.model_dump()
+        """The effective settings as /info shows them: API keys redacted (their count only)."""
+        out = self.model_dump(mode="json")
+        out["api_keys"] = f"<{len(self._keys)} redacted>" if self._keys else ""
+        return out
+
+
+def _split_keys(text: str, sep: str) -> tuple[str, ...]:
+    """Keys separated by `sep`, stripped; empty ones dropped, and in a file lines that start with #."""
+    keys = (p.strip() for p in text.split(sep))
+    return tuple(k for k in keys if k and not (sep == "\n" and k.startswith("#")))
+
+
+def _read_keys(path: Path | None) -> tuple[str, ...]:
+    """The keys of api_keys_file; a missing, unreadable or empty file refuses the settings (the server
+    would otherwise start open while its operator believes it locked)."""
+    if path is None:
+        return ()
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise ValueError(f"api_keys_file {str(path)!r} cannot be read: {type(e).__name__}: {e}") from None
+    keys = _split_keys(text, "\n")
+    if not keys:
+        raise ValueError(f"api_keys_file {str(path)!r} holds no key (one a line; blank lines and # comments "
+                         "are ignored)")
+    return keys
