@@ -17,6 +17,9 @@ pytest.importorskip("ray.data", reason="Ray Data is missing: pip install 'qtrel[
 
 from model.ray_score import score_dataset_ray  # noqa: E402
 
+# A Ray Data pipeline that cannot get a CPU waits rather than fails: keep such a stall short.
+pytestmark = pytest.mark.timeout(150)
+
 
 @pytest.fixture(scope="module")
 def local_ray():
