@@ -11,20 +11,21 @@ import time
 import uuid
 from contextlib import asynccontextmanager
 
-from fastapi import APIRouter, Depends, FastAPI
+from fastapi import FastAPI
 
 from service import errors
 from service.batcher import Batcher
-from service.deps import require_api_key
 from service.engine import Engine
 from service.errors import ErrorKind, error_response
-from service.explain import explain_routers
+from service.explain import install_explain
 from service.logs import request_id
 from service.metrics import Metrics
-from service.routes import metrics_router, ops_router, router
+from service.routes import router
 from service.routes_compat import router as compat_router
 from service.runtime import package_version, resolve_runtime
 from service.settings import Settings
+from service.tracing import Tracing
+from service.tracing import from_env as tracing_from_env
 from service.worker import Worker
 
 log = logging.getLogger("qtrel.http")
@@ -34,9 +35,6 @@ KNOWN_ROUTES = {"/score", "/predict", "/rerank", "/explain", "/explain/view", "/
                 "/livez", "/readyz", "/metrics", "/info", "/docs", "/openapi.json", "/v1/rerank", "/v2/rerank",
                 "/tokenize"}
 QUIET_ROUTES = {"/health/live", "/health/ready", "/livez", "/readyz", "/metrics"}
-# Routers whose every route needs `Authorization: Bearer <key>` when API keys are set (require_api_key):
-# scoring, /info and, added in create_app, /explain. A new router of scoring or model routes goes here.
-PROTECTED_ROUTERS: list[APIRouter] = [router, compat_router]
 
 
 class Lifecycle:
@@ -50,7 +48,7 @@ class Lifecycle:
             self.engine.begin_drain()
 
 
-def build_engine(settings: Settings, metrics: Metrics) -> Engine:
+def build_engine(settings: Settings, metrics: Metrics, tracing: Tracing | None = None) -> Engine:
     """Resolve the runtime once and wire the parts: worker (the model), batcher (the queue), engine."""
     runtime = resolve_runtime(settings)
     worker = Worker(runtime.load_spec(settings), mode=runtime.worker, replicas=runtime.replicas, observer=metrics,
@@ -64,8 +62,9 @@ def build_engine(settings: Settings, metrics: Metrics) -> Engine:
         max_queue_tokens=settings.max_queue_tokens,
         observer=metrics,
         concurrency=worker.size,
+        tracer=tracing.batch_tracer if tracing else None,
     )
-    return Engine(settings, runtime, worker, batcher, metrics)
+    return Engine(settings, runtime, worker, batcher, metrics, tracing=tracing)
 
 
 class EdgeMiddleware:
@@ -148,14 +147,16 @@ class EdgeMiddleware:
         return replay
 
 
-def create_app(settings: Settings | None = None, lifecycle: Lifecycle | None = None) -> FastAPI:
+def create_app(settings: Settings | None = None, lifecycle: Lifecycle | None = None,
+               tracing: Tracing | None = None) -> FastAPI:
     settings = settings or Settings()
+    tracing = tracing or tracing_from_env()  # off unless the OTEL_* environment asks (service.tracing)
     lifecycle = lifecycle or Lifecycle()
     metrics = Metrics()
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
-        engine = build_engine(settings, metrics)
+        engine = build_engine(settings, metrics, tracing)
         lifecycle.engine = engine
         # Load and warm up in the background: the server answers /health/* (503) meanwhile.
         starting = asyncio.create_task(engine.start(), name="qtrel-start")
@@ -165,6 +166,7 @@ def create_app(settings: Settings | None = None, lifecycle: Lifecycle | None = N
             await engine.drain(settings.drain_timeout_s)
             starting.cancel()
             await engine.stop()
+            tracing.shutdown()
 
     app = FastAPI(
         title="qtrel",
@@ -173,12 +175,9 @@ def create_app(settings: Settings | None = None, lifecycle: Lifecycle | None = N
         lifespan=lifespan,
     )
     errors.install(app)
-    auth = [Depends(require_api_key)] if settings.keys else []  # none: the OpenAPI schema shows no key
-    explain_api, explain_page = explain_routers(settings)
-    for protected in (*PROTECTED_ROUTERS, explain_api):
-        app.include_router(protected, dependencies=auth)
-    app.include_router(metrics_router, dependencies=auth if settings.protect_metrics else [])
-    app.include_router(ops_router)  # health: always open
-    app.include_router(explain_page)  # static; its /explain calls carry the key
+    app.include_router(router)
+    app.include_router(compat_router)
+    install_explain(app, settings)
     app.add_middleware(EdgeMiddleware, metrics=metrics, max_body_bytes=settings.max_body_bytes)
+    tracing.instrument(app)  # a span per request, outside the edge middleware
     return app

@@ -53,6 +53,14 @@ class _NoObserver:
         pass
 
 
+class BatchTracer(Protocol):
+    """Told each traced batch's timings (monotonic seconds) after it ran; `traces` are the opaque contexts
+    given to `submit`, aligned with `enqueued` and `lengths`. service.tracing turns them into spans."""
+
+    def batch(self, traces: Sequence[Any], enqueued: Sequence[float], started: float, ended: float,
+              lengths: Sequence[int], error: BaseException | None) -> None: ...
+
+
 @dataclass(eq=False)
 class Item:
     length: int
@@ -60,6 +68,7 @@ class Item:
     future: asyncio.Future
     deadline: float | None  # monotonic seconds
     enqueued: float = field(default_factory=time.monotonic)
+    trace: Any = None  # the submitter's trace context, for the BatchTracer only
 
 
 def padded_tokens(lengths: Sequence[int]) -> int:
@@ -91,9 +100,12 @@ class Batcher:
         max_queue_tokens: int,
         observer: BatchObserver | None = None,
         concurrency: int = 1,
+        tracer: BatchTracer | None = None,
     ):
         """`concurrency`: batches handed to `run` at once (one per model replica). The next batch is
-        formed only when a slot is free, so that it takes everything that arrived meanwhile."""
+        formed only when a slot is free, so that it takes everything that arrived meanwhile. `tracer`:
+        told the timings of each batch that holds traced items (None: tracing off, nothing is done)."""
+        self._tracer = tracer
         self._run = run
         self.concurrency = concurrency
         self._slots = asyncio.Semaphore(concurrency)
@@ -132,8 +144,10 @@ class Batcher:
         if tokens and self._outstanding_tokens + tokens > self.max_queue_tokens:
             raise Overloaded("tokens", self.retry_after())
 
-    def submit(self, work: Sequence[tuple[int, Any]], deadline: float | None = None) -> list[asyncio.Future]:
-        """Queue (length, payload) items; returns one future per item, resolved with its result."""
+    def submit(self, work: Sequence[tuple[int, Any]], deadline: float | None = None,
+               trace: Any = None) -> list[asyncio.Future]:
+        """Queue (length, payload) items; returns one future per item, resolved with its result. `trace`:
+        an opaque context handed back to the tracer with this work's batch timings."""
         if any(length > self.max_batch_tokens for length, _ in work):
             raise ValueError(f"an item is longer than max_batch_tokens ({self.max_batch_tokens})")
         self.check_admission(len(work), sum(length for length, _ in work))
@@ -141,7 +155,7 @@ class Batcher:
         futures = []
         for length, payload in work:
             fut = loop.create_future()
-            self._pending.append(Item(length, payload, fut, deadline))
+            self._pending.append(Item(length, payload, fut, deadline, trace=trace))
             futures.append(fut)
         self._outstanding_items += len(work)
         self._outstanding_tokens += sum(length for length, _ in work)
@@ -251,25 +265,39 @@ class Batcher:
 
     async def _dispatch(self, batch: list[Item]) -> None:
         t0 = time.monotonic()
+        error: BaseException | None = None
         try:
             results = await self._run([it.payload for it in batch])
             for it, res in zip(batch, results, strict=True):
                 if not it.future.done():
                     it.future.set_result(res)
-        except asyncio.CancelledError:
+        except asyncio.CancelledError as e:
+            error = e
             for it in batch:
                 if not it.future.done():
                     it.future.set_exception(Closed("the service is shutting down"))
             raise
         except Exception as e:  # fails only this batch; the loop keeps serving
+            error = e
             log.error("batch of %d failed: %s", len(batch), e, exc_info=e)
             for it in batch:
                 if not it.future.done():
                     it.future.set_exception(e)
         finally:
             self._slots.release()
-            dt = time.monotonic() - t0
+            t1 = time.monotonic()
+            dt = t1 - t0
+            if self._tracer is not None and any(it.trace is not None for it in batch):
+                self._trace(batch, t0, t1, error)
             if dt > 0:  # items per second over all slots, for Retry-After
                 inst = len(batch) / dt * self.concurrency
                 self._rate = inst if self._rate == 0 else 0.8 * self._rate + 0.2 * inst
             self._release(batch)
+
+    def _trace(self, batch: list[Item], started: float, ended: float, error: BaseException | None) -> None:
+        assert self._tracer is not None
+        try:
+            self._tracer.batch([it.trace for it in batch], [it.enqueued for it in batch], started, ended,
+                               [it.length for it in batch], error)
+        except Exception as e:  # tracing never fails a batch
+            log.warning("batch tracer failed: %s", e)

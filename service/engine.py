@@ -22,6 +22,7 @@ from service.errors import ErrorKind, ServiceError
 from service.metrics import Metrics
 from service.runtime import Runtime, package_version
 from service.settings import Settings
+from service.tracing import Tracing
 from service.worker import ModelInfo, PairOutput, Worker
 
 log = logging.getLogger("qtrel.engine")
@@ -51,8 +52,10 @@ class Tokenized:
 
 
 class Engine:
-    def __init__(self, settings: Settings, runtime: Runtime, worker: Worker, batcher: Batcher, metrics: Metrics):
+    def __init__(self, settings: Settings, runtime: Runtime, worker: Worker, batcher: Batcher, metrics: Metrics,
+                 tracing: Tracing | None = None):
         self.settings = settings
+        self.tracing = tracing or Tracing()  # off: every call a no-op
         self.runtime = runtime
         self.worker = worker
         self.batcher = batcher
@@ -154,12 +157,14 @@ class Engine:
         model = self._model()
         t0 = time.perf_counter()
         tok = model.tokenizer
-        if len(queries) <= INLINE_PAIRS:  # ~50 us: cheaper here than a hop to the tokeniser thread
-            enc = tok.encode(queries, titles, truncation=truncation, side=side)  # type: ignore[arg-type]
-        else:
-            enc = await asyncio.get_running_loop().run_in_executor(
-                self._tok_pool, lambda: tok.encode(queries, titles, truncation=truncation, side=side)  # type: ignore[arg-type]
-            )
+        with self.tracing.span("qtrel.tokenize", pairs=len(queries)) as span:
+            if len(queries) <= INLINE_PAIRS:  # ~50 us: cheaper here than a hop to the tokeniser thread
+                enc = tok.encode(queries, titles, truncation=truncation, side=side)  # type: ignore[arg-type]
+            else:
+                enc = await asyncio.get_running_loop().run_in_executor(
+                    self._tok_pool, lambda: tok.encode(queries, titles, truncation=truncation, side=side)  # type: ignore[arg-type]
+                )
+            span.set_attribute("qtrel.tokens", sum(enc.lengths))
         self.metrics.tokenize_seconds.observe(time.perf_counter() - t0)
         if not allow_truncation and any(enc.truncated):
             i = enc.truncated.index(True)
@@ -168,7 +173,8 @@ class Engine:
                 f"input {i} is longer than the model's {model.max_length} tokens; set truncate=true",
             )
         try:
-            futures = self.batcher.submit(list(zip(enc.lengths, zip(enc.input_ids, enc.token_type_ids))), deadline)
+            futures = self.batcher.submit(list(zip(enc.lengths, zip(enc.input_ids, enc.token_type_ids))), deadline,
+                                          trace=self.tracing.context())
         except Overloaded as e:
             self.metrics.rejected.labels("overloaded").inc()
             raise ServiceError(ErrorKind.OVERLOADED, str(e), retry_after=e.retry_after) from None

@@ -23,10 +23,10 @@ def free_port() -> int:
 
 
 class LiveServer:
-    def __init__(self, settings: Settings):
+    def __init__(self, settings: Settings, **app_options):
         self.settings = settings
         self.lifecycle = Lifecycle()
-        self.app = create_app(settings, self.lifecycle)
+        self.app = create_app(settings, self.lifecycle, **app_options)  # app_options: create_app's, e.g. tracing
         self.url = f"http://127.0.0.1:{settings.port}"
         config = uvicorn.Config(self.app, host="127.0.0.1", port=settings.port, log_config=None,
                                 access_log=False, lifespan="on")
@@ -70,11 +70,11 @@ class LiveServer:
 
 
 @contextmanager
-def live_server(model_dir, wait_ready: bool = True, **overrides):
+def live_server(model_dir, wait_ready: bool = True, app_options: dict | None = None, **overrides):
     # float32 unless a test asks otherwise: the batch-invariance checks compare to a float32 reference
     overrides.setdefault("dtype", "float32")
     s = Settings(model=str(model_dir), port=free_port(), host="127.0.0.1", log_json=False, **overrides)
-    srv = LiveServer(s).start(wait_ready=wait_ready)
+    srv = LiveServer(s, **(app_options or {})).start(wait_ready=wait_ready)
     try:
         yield srv
     finally:
