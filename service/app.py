@@ -11,16 +11,17 @@ import time
 import uuid
 from contextlib import asynccontextmanager
 
-from fastapi import FastAPI
+from fastapi import APIRouter, Depends, FastAPI
 
 from service import errors
 from service.batcher import Batcher
+from service.deps import require_api_key
 from service.engine import Engine
 from service.errors import ErrorKind, error_response
-from service.explain import install_explain
+from service.explain import explain_routers
 from service.logs import request_id
 from service.metrics import Metrics
-from service.routes import router
+from service.routes import metrics_router, ops_router, router
 from service.routes_compat import router as compat_router
 from service.runtime import package_version, resolve_runtime
 from service.settings import Settings
@@ -35,6 +36,9 @@ KNOWN_ROUTES = {"/score", "/predict", "/rerank", "/explain", "/explain/view", "/
                 "/livez", "/readyz", "/metrics", "/info", "/docs", "/openapi.json", "/v1/rerank", "/v2/rerank",
                 "/tokenize"}
 QUIET_ROUTES = {"/health/live", "/health/ready", "/livez", "/readyz", "/metrics"}
+# Routers whose every route needs `Authorization: Bearer <key>` when API keys are set (require_api_key):
+# scoring, /info and, added in create_app, /explain. A new router of scoring or model routes goes here.
+PROTECTED_ROUTERS: list[APIRouter] = [router, compat_router]
 
 
 class Lifecycle:
@@ -175,9 +179,13 @@ def create_app(settings: Settings | None = None, lifecycle: Lifecycle | None = N
         lifespan=lifespan,
     )
     errors.install(app)
-    app.include_router(router)
-    app.include_router(compat_router)
-    install_explain(app, settings)
+    auth = [Depends(require_api_key)] if settings.keys else []  # none: the OpenAPI schema shows no key
+    explain_api, explain_page = explain_routers(settings)
+    for protected in (*PROTECTED_ROUTERS, explain_api):
+        app.include_router(protected, dependencies=auth)
+    app.include_router(metrics_router, dependencies=auth if settings.protect_metrics else [])
+    app.include_router(ops_router)  # health: always open
+    app.include_router(explain_page)  # static; its /explain calls carry the key
     app.add_middleware(EdgeMiddleware, metrics=metrics, max_body_bytes=settings.max_body_bytes)
     tracing.instrument(app)  # a span per request, outside the edge middleware
     return app
