@@ -116,8 +116,35 @@ def test_cohere_sdk_v1_client_with_documents(server):
 
 def test_cohere_sdk_sees_the_error(server):
     cohere = pytest.importorskip("cohere", reason="the cohere SDK is not installed (pip install cohere)")
+    from cohere.core.api_error import ApiError
+
     client = cohere.ClientV2(api_key="x", base_url=server.url)
-    with pytest.raises(cohere.core.api_error.ApiError) as e:
+    with pytest.raises(ApiError) as e:
         client.rerank(model="rerank-v3.5", query=QUERY, documents=["fine", " "])
     assert e.value.status_code == 422
     assert e.value.body["error_type"] == "validation"
+
+
+# --- behind API keys: /v1/rerank, /v2/rerank and /tokenize are in app.PROTECTED_ROUTERS ----------------
+def test_compat_routes_need_the_key_and_the_cohere_sdk_sends_it(tiny_checkpoint):
+    from tests.service.conftest import live_server
+
+    key = "compat-key-0123456789"
+    with live_server(tiny_checkpoint, max_wait_ms=5, api_keys=key, replicas=1) as srv:
+        for path, body in (("/v1/rerank", {"query": QUERY, "documents": TITLES}),
+                           ("/v2/rerank", {"query": QUERY, "documents": TITLES}),
+                           ("/tokenize", {"query": QUERY, "title": TITLES[0]})):
+            r = httpx.post(srv.url + path, json=body)
+            assert r.status_code == 401 and r.json()["error_type"] == "unauthorized", path
+            ok = httpx.post(srv.url + path, json=body, headers={"Authorization": f"Bearer {key}"})
+            assert ok.status_code == 200, (path, ok.text)
+        try:
+            import cohere
+            from cohere.core.api_error import ApiError
+        except ImportError:
+            return  # the hand-written requests above still ran
+        with pytest.raises(ApiError) as e:
+            cohere.ClientV2(api_key="wrong", base_url=srv.url).rerank(model="m", query=QUERY, documents=TITLES)
+        assert e.value.status_code == 401
+        resp = cohere.ClientV2(api_key=key, base_url=srv.url).rerank(model="m", query=QUERY, documents=TITLES)
+        assert len(resp.results) == len(TITLES)
