@@ -49,11 +49,14 @@ RULES = (
          ("service", *WEB, "pydantic_settings", "prometheus_client"),
          "the model knows nothing of the service or of HTTP"),
     Rule("batcher-knows-no-model", ("service/batcher*",),
-         ("model", "torch", "tokenizers", *WEB, "pydantic", *RUNTIME_MODULES),
-         "the batcher batches items with a token length: no BERT, no worker, no FastAPI"),
+         ("model", "torch", "tokenizers", *WEB, "pydantic", *RUNTIME_MODULES, "opentelemetry", "service.tracing"),
+         "the batcher batches items with a token length: no BERT, no worker, no FastAPI, no tracing library "
+         "(it reports batch timings to a BatchTracer hook)"),
     Rule("runtime-knows-no-http", RUNTIME,
-         (*WEB, "service.routes*", "service.deps", "service.explain", "service.http*", "service.app"),
-         "the engine, worker and backends sit below HTTP"),
+         (*WEB, "service.routes*", "service.deps", "service.explain", "service.http*", "service.app",
+          "opentelemetry"),
+         "the engine, worker and backends sit below HTTP; spans go through service.tracing, which imports "
+         "OpenTelemetry only when tracing is on"),
     Rule("runtime-uses-the-model-contract", RUNTIME, MODEL_INTERNALS,
          "the worker and engine use RelevanceModel's contract, not the architecture, packing or kernels"),
     Rule("http-goes-through-the-engine", HTTP, ("service", "model", "torch"),
@@ -214,6 +217,8 @@ def test_batcher_importing_the_model_or_fastapi_is_caught():
     found = keys("service/batcher.py", "import torch\nfrom fastapi import Request\nfrom model.tokenizer import X\n")
     assert {what for _, _, what in found} == {"torch", "fastapi", "model.tokenizer"}
     assert keys("service/batcher.py", "import asyncio\nfrom collections import deque\n") == set()
+    traced = keys("service/batcher.py", "from opentelemetry import trace\nfrom service.tracing import Tracing\n")
+    assert {what for _, _, what in traced} == {"opentelemetry", "service.tracing"}
 
 
 def test_http_reaching_into_the_worker_is_caught():
