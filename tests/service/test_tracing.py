@@ -152,3 +152,50 @@ def test_without_a_traceparent_a_new_trace_and_probes_are_not_traced(traced):
     server = next(s for s in spans if s.name == "POST /score")
     assert server.parent is None and server.context.trace_id != int(TRACE_ID, 16)
     assert not any("health" in s.name for s in spans)
+
+
+def test_the_otlp_environment_exports_the_spans_over_http(tiny_checkpoint, monkeypatch):
+    """From the environment alone: OTEL_EXPORTER_OTLP_ENDPOINT -> OTLP/HTTP protobuf posts to /v1/traces."""
+    pytest.importorskip("opentelemetry.exporter.otlp.proto.http", reason="the otel extra is not installed")
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
+    received: list[tuple[str, str, bytes]] = []
+
+    class Collector(BaseHTTPRequestHandler):
+        def do_POST(self):
+            body = self.rfile.read(int(self.headers["Content-Length"]))
+            received.append((self.path, self.headers["Content-Type"], body))
+            self.send_response(200)
+            self.send_header("Content-Type", "application/x-protobuf")
+            self.end_headers()
+
+        def log_message(self, *args):
+            pass
+
+    collector = ThreadingHTTPServer(("127.0.0.1", 0), Collector)
+    threading.Thread(target=collector.serve_forever, daemon=True).start()
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", f"http://127.0.0.1:{collector.server_port}")
+    monkeypatch.setenv("OTEL_SERVICE_NAME", "qtrel-under-test")
+    monkeypatch.delenv("OTEL_SDK_DISABLED", raising=False)
+    monkeypatch.delenv("OTEL_TRACES_EXPORTER", raising=False)
+    try:
+        with live_server(tiny_checkpoint, max_wait_ms=5, replicas=1) as srv:
+            r = httpx.post(srv.url + "/score", json={"query": "drill", "titles": ["cordless drill"]},
+                           headers={"traceparent": TRACEPARENT})
+            assert r.status_code == 200
+        # the lifespan's end shut the provider down, which flushed the batch processor
+    finally:
+        collector.shutdown()
+    assert received and all(p == "/v1/traces" and t == "application/x-protobuf" for p, t, _ in received)
+    names, services = set(), set()
+    for _, _, body in received:
+        req = ExportTraceServiceRequest.FromString(body)
+        for rs in req.resource_spans:
+            services |= {a.value.string_value for a in rs.resource.attributes if a.key == "service.name"}
+            for ss in rs.scope_spans:
+                names |= {s.name for s in ss.spans if s.trace_id.hex() == TRACE_ID}
+    assert services == {"qtrel-under-test"}
+    assert {"POST /score", "qtrel.tokenize", "qtrel.queue_wait", "qtrel.forward"} <= names
