@@ -55,17 +55,24 @@ def report(path: str, ds, negs, min_share: float) -> dict:
         sn = score_logits(neg / t + b, model.values, rule)
         m = metrics_of(ds, sj)
         rows[name] = {
-            "temperature": round(t, 4), "bias": [round(x, 4) for x in b.tolist()], "cuts": [round(c, 4) for c in cuts],
-            "rmse_relevance": m["rmse_relevance"], "ndcg@10": m["ndcg@10"], "qwk_cuts": m["qwk"],
+            "temperature": round(t, 4),
+            "bias": [round(x, 4) for x in b.tolist()],
+            "cuts": [round(c, 4) for c in cuts],
+            "rmse_relevance": m["rmse_relevance"],
+            "ndcg@10": m["ndcg@10"],
+            "qwk_cuts": m["qwk"],
             "qwk_crossfit": crossfit_qwk(ds, sj.expected, len(model.labels), min_share),
             "log_loss": torch.nn.functional.cross_entropy(judged / t + b, y).item(),
             "level_shares": (torch.bincount(sj.level, minlength=len(model.labels)) / len(ds)).tolist(),
             "negatives": negatives_report(ds, sj, negs, sn),
         }
         r = rows[name]
-        print(f"{path:24s} {name:32s} rmse {r['rmse_relevance']:.4f} ndcg {r['ndcg@10']:.4f} "
-              f"qwk {r['qwk_cuts']:.4f} (x-fit {r['qwk_crossfit']:.4f}) neg12 {r['negatives']['level12_share']:.3f} "
-              f"auc {r['negatives']['auc']:.4f} shares {[round(x, 3) for x in r['level_shares']]}", flush=True)
+        print(
+            f"{path:24s} {name:32s} rmse {r['rmse_relevance']:.4f} ndcg {r['ndcg@10']:.4f} "
+            f"qwk {r['qwk_cuts']:.4f} (x-fit {r['qwk_crossfit']:.4f}) neg12 {r['negatives']['level12_share']:.3f} "
+            f"auc {r['negatives']['auc']:.4f} shares {[round(x, 3) for x in r['level_shares']]}",
+            flush=True,
+        )
     return rows
 
 

@@ -34,8 +34,12 @@ app = FastAPI()
 
 @app.post("/score")
 async def score(body: Body):
-    return {"model": "none", "results": [{"index": i, "level": "3", "score": 3.0, "tokens": 0, "truncated": False}
-                                         for i, _ in enumerate(body.pairs)]}
+    return {
+        "model": "none",
+        "results": [
+            {"index": i, "level": "3", "score": 3.0, "tokens": 0, "truncated": False} for i, _ in enumerate(body.pairs)
+        ],
+    }
 
 
 @app.get("/health/ready")
@@ -53,15 +57,38 @@ def main() -> int:
     a = ap.parse_args()
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    cmd = [sys.executable, "-m", "uvicorn", "http_floor:app", "--host", "127.0.0.1", "--port", str(port),
-           "--log-level", "warning", "--app-dir", str(Path(__file__).parent)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "uvicorn",
+        "http_floor:app",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--log-level",
+        "warning",
+        "--app-dir",
+        str(Path(__file__).parent),
+    ]
     bodies, _ = one_pair_bodies(read_dev(), 4000)
     with tempfile.TemporaryDirectory() as tmp, Server(cmd, url, "/health/ready", Path(tmp) / "log", 60) as srv:
-        o = asyncio.run(scenario(f"HTTP floor, {a.clients} clients x 1 pair", url, bodies, a, srv.proc.pid,
-                                 clients=a.clients, metrics=False))
+        o = asyncio.run(
+            scenario(
+                f"HTTP floor, {a.clients} clients x 1 pair",
+                url,
+                bodies,
+                a,
+                srv.proc.pid,
+                clients=a.clients,
+                metrics=False,
+            )
+        )
     rps = o["requests_per_s"]
-    print(f"{rps:.0f} requests/s; CPU per request: server {1000 * o['server_cores'] / rps:.3f} ms, "
-          f"client {1000 * o['client_cores'] / rps:.3f} ms")
+    print(
+        f"{rps:.0f} requests/s; CPU per request: server {1000 * o['server_cores'] / rps:.3f} ms, "
+        f"client {1000 * o['client_cores'] / rps:.3f} ms"
+    )
     return 0
 
 

@@ -40,8 +40,10 @@ from results import DEV, ROOT, command_line, machine, machine_lines, output_path
 
 TARGETS = {"vs_offline": 0.85, "p99_over_p50": 3.0, "vs_naive": 3.0, "vs_infinity": 3.0, "p50_ms": 150.0}
 INFINITY_PAIRS_PER_S = 112.0
-INFINITY = f"Infinity anchor, measured elsewhere and not re-run here: ~{INFINITY_PAIRS_PER_S:.0f} pairs/s, " \
-           "p50 ~540 ms, p99 ~850 ms for 64 one-pair clients."
+INFINITY = (
+    f"Infinity anchor, measured elsewhere and not re-run here: ~{INFINITY_PAIRS_PER_S:.0f} pairs/s, "
+    "p50 ~540 ms, p99 ~850 ms for 64 one-pair clients."
+)
 Body = tuple[bytes, int]  # JSON request body, pairs in it
 
 
@@ -70,8 +72,7 @@ def read_dev() -> list[dict]:
 
 def one_pair_bodies(rows: list[dict], n: int) -> tuple[list[Body], list[tuple[str, str]]]:
     pairs = [(r["query"], r["title"]) for r in rows[:n]]
-    bodies = [(json.dumps({"pairs": [{"query": q, "title": t}], "return_probs": False}).encode(), 1)
-              for q, t in pairs]
+    bodies = [(json.dumps({"pairs": [{"query": q, "title": t}], "return_probs": False}).encode(), 1) for q, t in pairs]
     return bodies, pairs
 
 
@@ -106,8 +107,9 @@ def _offline_share(model_dir: str, dtype: str, threads: int, pairs: list, repeat
     out.put(times)
 
 
-def offline_pairs_per_s(model_dir: Path, pair_sets: dict[str, list], cores: int, repeats: int,
-                        dtype: str = "auto") -> tuple[dict, dict]:
+def offline_pairs_per_s(
+    model_dir: Path, pair_sets: dict[str, list], cores: int, repeats: int, dtype: str = "auto"
+) -> tuple[dict, dict]:
     """RelevanceModel.predict over each pair set (length-sorted, 8192-token batches), laid out two ways
     on the same cores: one process with `cores` torch threads, and `cores` single-thread processes each
     scoring its share at the same time. The reference is the faster of the two, per pair set.
@@ -128,8 +130,10 @@ def offline_pairs_per_s(model_dir: Path, pair_sets: dict[str, list], cores: int,
         for procs, threads in ((1, cores), (cores, 1)) if cores > 1 else ((1, 1),):
             start, out = ctx.Barrier(procs), ctx.Queue()
             shares = [pairs[i::procs] for i in range(procs)]
-            workers = [ctx.Process(target=_offline_share, args=(str(model_dir), dtype, threads, share, repeats,
-                                                                 start, out)) for share in shares]
+            workers = [
+                ctx.Process(target=_offline_share, args=(str(model_dir), dtype, threads, share, repeats, start, out))
+                for share in shares
+            ]
             for w in workers:
                 w.start()
             times = [out.get() for _ in workers]
@@ -161,8 +165,9 @@ class Http:
         if self.kind == "aiohttp":
             import aiohttp
 
-            self.s = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=self.connections),
-                                           timeout=aiohttp.ClientTimeout(total=120))
+            self.s = aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(limit=self.connections), timeout=aiohttp.ClientTimeout(total=120)
+            )
         else:
             import httpx
 
@@ -255,14 +260,26 @@ def cpu_seconds(pid: int) -> float:
     return total
 
 
-async def scenario(name: str, base: str, bodies: list[Body], a, server_pid: int | None, *, clients: int = 0,
-                   rate: float = 0.0, metrics: bool = True) -> dict:
+async def scenario(
+    name: str,
+    base: str,
+    bodies: list[Body],
+    a,
+    server_pid: int | None,
+    *,
+    clients: int = 0,
+    rate: float = 0.0,
+    metrics: bool = True,
+) -> dict:
     """Run one scenario: closed loop with `clients`, or open loop at `rate`; summarise its window."""
     async with Http(clients or 512) as http, Http(1) as control:  # scrapes never wait behind the load
         t0 = time.perf_counter()
         start, end = t0 + a.warmup, t0 + a.warmup + a.seconds
-        run = closed_loop(http, base + "/score", bodies, clients, end) if clients else \
-            open_loop(http, base + "/score", bodies, rate, end, 512)
+        run = (
+            closed_loop(http, base + "/score", bodies, clients, end)
+            if clients
+            else open_loop(http, base + "/score", bodies, rate, end, 512)
+        )
         task = asyncio.ensure_future(run)
         await asyncio.sleep(a.warmup)
         cpu0 = (time.process_time(), cpu_seconds(server_pid) if server_pid else 0.0)
@@ -278,18 +295,29 @@ async def scenario(name: str, base: str, bodies: list[Body], a, server_pid: int 
         if r[3] != 200 and start <= r[0] < end:
             errors[str(r[3])] = errors.get(str(r[3]), 0) + 1
     q = statistics.quantiles(lat, n=100, method="inclusive") if len(lat) > 1 else [float("nan")] * 99
-    out = {"name": name, "clients": clients or None, "target_rate": rate or None,
-           "pairs_per_s": sum(r[2] for r in done) / a.seconds,
-           "requests_per_s": len(done) / a.seconds, "requests": len(lat), "p50_ms": q[49], "p95_ms": q[94],
-           "p99_ms": q[98], "errors": errors, "client_cores": cpu[0] / wall,
-           "server_cores": None if cpu[1] is None else cpu[1] / wall}
+    out = {
+        "name": name,
+        "clients": clients or None,
+        "target_rate": rate or None,
+        "pairs_per_s": sum(r[2] for r in done) / a.seconds,
+        "requests_per_s": len(done) / a.seconds,
+        "requests": len(lat),
+        "p50_ms": q[49],
+        "p95_ms": q[94],
+        "p99_ms": q[98],
+        "errors": errors,
+        "client_cores": cpu[0] / wall,
+        "server_cores": None if cpu[1] is None else cpu[1] / wall,
+    }
     if metrics:
         d = {k: after.get(k, 0.0) - before.get(k, 0.0) for k in after}
         n = d.get("qtrel_batch_pairs_count", 0.0)
         out["mean_padding"] = d.get("qtrel_batch_padding_ratio_sum", 0.0) / n if n else None
         out["mean_batch_pairs"] = d.get("qtrel_batch_pairs_sum", 0.0) / n if n else None
-    print(f"{name}: {out['pairs_per_s']:.0f} pairs/s, p50 {out['p50_ms']:.0f} ms, p99 {out['p99_ms']:.0f} ms, "
-          f"errors {errors or 0}")
+    print(
+        f"{name}: {out['pairs_per_s']:.0f} pairs/s, p50 {out['p50_ms']:.0f} ms, p99 {out['p99_ms']:.0f} ms, "
+        f"errors {errors or 0}"
+    )
     return out
 
 
@@ -331,8 +359,21 @@ class Server:
 def qtrel_command(model_dir: Path, port: int, dtype: str = "auto", extra: list[str] | None = None) -> list[str]:
     """`qtrel serve` with its default layout of model processes and threads unless `extra` says otherwise."""
     exe = Path(sys.executable).with_name("qtrel")
-    return [str(exe) if exe.exists() else "qtrel", "serve", "--model", str(model_dir), "--host", "127.0.0.1",
-            "--port", str(port), "--dtype", dtype, "--log-level", "warning", *(extra or [])]
+    return [
+        str(exe) if exe.exists() else "qtrel",
+        "serve",
+        "--model",
+        str(model_dir),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--dtype",
+        dtype,
+        "--log-level",
+        "warning",
+        *(extra or []),
+    ]
 
 
 # --- report --------------------------------------------------------------------------------------
@@ -343,23 +384,33 @@ def fmt(x, spec: str = ".0f") -> str:
 def worker_text(w: dict | None) -> str:
     if not w:
         return "its own worker layout"
-    return (f"{w['replicas']} model process{'es' if w['replicas'] > 1 else ''} x {w['threads']} torch "
-            f"thread{'s' if w['threads'] != 1 else ''}" if w["mode"] == "process" else f"model on a thread, "
-            f"{w['threads'] or 'default'} torch threads")
+    return (
+        f"{w['replicas']} model process{'es' if w['replicas'] > 1 else ''} x {w['threads']} torch "
+        f"thread{'s' if w['threads'] != 1 else ''}"
+        if w["mode"] == "process"
+        else f"model on a thread, {w['threads'] or 'default'} torch threads"
+    )
 
 
 def render(r: dict) -> str:
     lines = [
-        "## Serving under load (`bench/load.py`)", "",
+        "## Serving under load (`bench/load.py`)",
+        "",
         f"`qtrel serve` (dtype {r.get('dtype', 'auto')}, {worker_text(r.get('server_worker'))}, default batching "
         "settings) on loopback, driven from "
         f"a separate client process ({r['http_client']}); each scenario {r['warmup']:g} s warm-up + {r['seconds']:g} "
         "s measured. Latency per request; padding and batch size from the server's /metrics over the window. "
         "Offline = RelevanceModel.predict on the same pairs in this run (length-sorted, 8192-token batches) on the "
         f"same {r['cores']} cores, the faster of two layouts: "
-        + "; ".join(f"{name}: " + ", ".join(f"{k} {v:.0f}" for k, v in lay.items())
-                    for name, lay in r.get("offline_layouts", {}).items()) + " pairs/s.", "",
-        *machine_lines(r["machine"], r["command"]), f"- model: `{r['model']}`; server: {r['server']}", "",
+        + "; ".join(
+            f"{name}: " + ", ".join(f"{k} {v:.0f}" for k, v in lay.items())
+            for name, lay in r.get("offline_layouts", {}).items()
+        )
+        + " pairs/s.",
+        "",
+        *machine_lines(r["machine"], r["command"]),
+        f"- model: `{r['model']}`; server: {r['server']}",
+        "",
         "| scenario | pairs/s | offline pairs/s | % of offline | p50 ms | p95 ms | p99 ms | mean batch pairs "
         "| mean padding | client / server cores | errors |",
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
@@ -368,9 +419,11 @@ def render(r: dict) -> str:
         off = r["offline"].get(s.get("offline_set", ""))
         pct = fmt(100 * s["pairs_per_s"] / off if off else None)
         cores = f"{s['client_cores']:.2f} / {fmt(s['server_cores'], '.2f')}"
-        lines.append(f"| {s['name']} | {s['pairs_per_s']:.0f} | {fmt(off)} | {pct} | {fmt(s['p50_ms'])} | "
-                     f"{fmt(s['p95_ms'])} | {fmt(s['p99_ms'])} | {fmt(s.get('mean_batch_pairs'), '.1f')} | "
-                     f"{fmt(s.get('mean_padding'), '.2f')} | {cores} | {s['errors'] or 0} |")
+        lines.append(
+            f"| {s['name']} | {s['pairs_per_s']:.0f} | {fmt(off)} | {pct} | {fmt(s['p50_ms'])} | "
+            f"{fmt(s['p95_ms'])} | {fmt(s['p99_ms'])} | {fmt(s.get('mean_batch_pairs'), '.1f')} | "
+            f"{fmt(s.get('mean_padding'), '.2f')} | {cores} | {s['errors'] or 0} |"
+        )
     lines += [""] + [f"- {verdict(t['pass'])}: {t['target']}" for t in r["targets"]]
     lines += ["", *[f"- {n}" for n in r["notes"]]]
     return "\n".join(lines)
@@ -386,12 +439,21 @@ def targets(r: dict) -> list[dict]:
     if "(c)" in by:
         c = by["(c)"]
         x = c["p99_ms"] / c["p50_ms"]
-        out.append((f"(c) p99 <= {TARGETS['p99_over_p50']:g}x p50 at {r['load_fraction']:.0%} load ({x:.2f}x)",
-                    x <= TARGETS["p99_over_p50"]))
+        out.append(
+            (
+                f"(c) p99 <= {TARGETS['p99_over_p50']:g}x p50 at {r['load_fraction']:.0%} load ({x:.2f}x)",
+                x <= TARGETS["p99_over_p50"],
+            )
+        )
     if "(a)" in by:
         x = by["(a)"]["pairs_per_s"] / INFINITY_PAIRS_PER_S
-        out.append((f"(a) >= {TARGETS['vs_infinity']:g}x the Infinity anchor of {INFINITY_PAIRS_PER_S:g} pairs/s "
-                    f"({x:.2f}x)", x >= TARGETS["vs_infinity"]))
+        out.append(
+            (
+                f"(a) >= {TARGETS['vs_infinity']:g}x the Infinity anchor of {INFINITY_PAIRS_PER_S:g} pairs/s "
+                f"({x:.2f}x)",
+                x >= TARGETS["vs_infinity"],
+            )
+        )
         p50 = by["(a)"]["p50_ms"]
         out.append((f"(a) p50 <= {TARGETS['p50_ms']:g} ms ({p50:.0f} ms)", p50 <= TARGETS["p50_ms"]))
     if "(d)" in by and "(a)" in by:
@@ -404,11 +466,13 @@ async def drive_qtrel(base: str, a, bodies_a: list[Body], bodies_b: list[Body], 
     with urllib.request.urlopen(base + "/info", timeout=10) as r:
         a.server_worker = json.load(r).get("worker")
     a_res = await scenario(f"(a) {a.clients} clients x 1 pair", base, bodies_a, a, pid, clients=a.clients)
-    b_res = await scenario(f"(b) {a.query_clients} clients x 1 query, {a.titles} titles", base, bodies_b, a, pid,
-                           clients=a.query_clients)
+    b_res = await scenario(
+        f"(b) {a.query_clients} clients x 1 query, {a.titles} titles", base, bodies_b, a, pid, clients=a.query_clients
+    )
     rate = max(1.0, a.load_fraction * a_res["requests_per_s"])
-    c_res = await scenario(f"(c) open loop, Poisson {rate:.0f} req/s ({a.load_fraction:.0%} of (a))", base, bodies_a,
-                           a, pid, rate=rate)
+    c_res = await scenario(
+        f"(c) open loop, Poisson {rate:.0f} req/s ({a.load_fraction:.0%} of (a))", base, bodies_a, a, pid, rate=rate
+    )
     a_res["offline_set"], b_res["offline_set"] = "one pair", "query x titles"
     return [a_res, b_res, c_res]
 
@@ -417,10 +481,17 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", type=Path, help="checkpoint directory (default: the built-in model)")
     p.add_argument("--url", help="target this running server (loopback only) instead of starting one")
-    p.add_argument("--cores", type=int, default=len(os.sched_getaffinity(0)),
-                   help="cores the offline runs and the naive server use (default: all usable)")
-    p.add_argument("--server-args", default="", help="extra `qtrel serve` flags, e.g. '--replicas 1 --threads 2' "
-                   "(default: the server's own layout)")
+    p.add_argument(
+        "--cores",
+        type=int,
+        default=len(os.sched_getaffinity(0)),
+        help="cores the offline runs and the naive server use (default: all usable)",
+    )
+    p.add_argument(
+        "--server-args",
+        default="",
+        help="extra `qtrel serve` flags, e.g. '--replicas 1 --threads 2' (default: the server's own layout)",
+    )
     p.add_argument("--dtype", default="auto", help="precision of the server and the offline run (as QTREL_DTYPE)")
     p.add_argument("--seconds", type=float, default=20.0, help="measured seconds per scenario")
     p.add_argument("--warmup", type=float, default=3.0, help="seconds per scenario before measuring")
@@ -433,8 +504,11 @@ def main() -> int:
     p.add_argument("--offline-repeats", type=int, default=3)
     p.add_argument("--no-naive", action="store_true", help="skip (d), the naive transformers server")
     p.add_argument("--start-timeout", type=float, default=300.0)
-    p.add_argument("--quick", action="store_true", help="smoke run: 64 pairs, 2 s per scenario, results under "
-                   "/tmp/qtrel-bench-quick")
+    p.add_argument(
+        "--quick",
+        action="store_true",
+        help="smoke run: 64 pairs, 2 s per scenario, results under /tmp/qtrel-bench-quick",
+    )
     a = p.parse_args()
     if a.quick:
         a.seconds, a.warmup, a.pairs, a.queries, a.offline_repeats = 2.0, 0.5, 64, 4, 1
@@ -448,15 +522,25 @@ def main() -> int:
     rows = read_dev()
     bodies_a, pairs_a = one_pair_bodies(rows, a.pairs)
     bodies_b, pairs_b = query_bodies(rows, a.queries, a.titles)
-    offline, layouts = offline_pairs_per_s(a.model, {"one pair": pairs_a, "query x titles": pairs_b}, a.cores,
-                                  a.offline_repeats, a.dtype)
+    offline, layouts = offline_pairs_per_s(
+        a.model, {"one pair": pairs_a, "query x titles": pairs_b}, a.cores, a.offline_repeats, a.dtype
+    )
     md, js = output_paths("load", a.quick)
-    report = {"machine": machine(), "command": command_line(), "model": str(a.model), "cores": a.cores,
-              "dtype": a.dtype,
-              "seconds": a.seconds, "warmup": a.warmup, "load_fraction": a.load_fraction, "offline": offline,
-              "offline_layouts": layouts,
-              "http_client": Http(1).kind, "quick": a.quick,
-              "server": f"--url {base} (its own settings)" if a.url else "started by this script"}
+    report = {
+        "machine": machine(),
+        "command": command_line(),
+        "model": str(a.model),
+        "cores": a.cores,
+        "dtype": a.dtype,
+        "seconds": a.seconds,
+        "warmup": a.warmup,
+        "load_fraction": a.load_fraction,
+        "offline": offline,
+        "offline_layouts": layouts,
+        "http_client": Http(1).kind,
+        "quick": a.quick,
+        "server": f"--url {base} (its own settings)" if a.url else "started by this script",
+    }
     with tempfile.TemporaryDirectory(prefix="qtrel-load-") as tmp:
         if a.url:
             report["scenarios"] = asyncio.run(drive_qtrel(base, a, bodies_a, bodies_b, None))
@@ -466,22 +550,41 @@ def main() -> int:
                 report["scenarios"] = asyncio.run(drive_qtrel(base, a, bodies_a, bodies_b, srv.proc.pid))
         if not a.no_naive:
             port = free_port()
-            cmd = [sys.executable, str(Path(__file__).with_name("naive_server.py")), "--model", str(a.model),
-                   "--port", str(port), "--threads", str(a.cores)]
+            cmd = [
+                sys.executable,
+                str(Path(__file__).with_name("naive_server.py")),
+                "--model",
+                str(a.model),
+                "--port",
+                str(port),
+                "--threads",
+                str(a.cores),
+            ]
             naive = f"http://127.0.0.1:{port}"
             with Server(cmd, naive, "/health", Path(tmp) / "naive.log", a.start_timeout) as srv:
-                d = asyncio.run(scenario(f"(d) naive transformers server, {a.clients} clients x 1 pair", naive,
-                                         bodies_a, a, srv.proc.pid, clients=a.clients, metrics=False))
+                d = asyncio.run(
+                    scenario(
+                        f"(d) naive transformers server, {a.clients} clients x 1 pair",
+                        naive,
+                        bodies_a,
+                        a,
+                        srv.proc.pid,
+                        clients=a.clients,
+                        metrics=False,
+                    )
+                )
             report["scenarios"].append(d)
     report["server_worker"] = getattr(a, "server_worker", None)
     report["targets"] = targets(report)
-    report["notes"] = [INFINITY,
-                       f"Pools: (a), (c), (d) cycle through the first {len(pairs_a)} dev pairs; (b) through "
-                       f"{len(bodies_b)} dev queries, each with its own titles repeated up to {a.titles}.",
-                       "(c) latency is measured from each request's scheduled arrival (no coordinated omission).",
-                       "(d) answers each request with its own forward on FastAPI's thread pool (several at once), "
-                       f"torch threads = {a.cores}, the same checkpoint in transformers (sdpa, float32).",
-                       "Client and server share this machine's cores; their CPU use is in the table."]
+    report["notes"] = [
+        INFINITY,
+        f"Pools: (a), (c), (d) cycle through the first {len(pairs_a)} dev pairs; (b) through "
+        f"{len(bodies_b)} dev queries, each with its own titles repeated up to {a.titles}.",
+        "(c) latency is measured from each request's scheduled arrival (no coordinated omission).",
+        "(d) answers each request with its own forward on FastAPI's thread pool (several at once), "
+        f"torch threads = {a.cores}, the same checkpoint in transformers (sdpa, float32).",
+        "Client and server share this machine's cores; their CPU use is in the table.",
+    ]
     if a.quick:
         report["notes"].append("--quick smoke run: tiny sizes, numbers are not benchmarks.")
     text = render(report)

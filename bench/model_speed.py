@@ -36,8 +36,7 @@ from model.kernels import PackedLinear
 from model.tokenizer import PairTokenizer
 
 BATCH = 32
-TARGETS = {"vs_transformers": 1.6, "vs_ort": 0.9, "low_precision_speedup": 1.5, "same_level": 0.97,
-           "spearman": 0.99}
+TARGETS = {"vs_transformers": 1.6, "vs_ort": 0.9, "low_precision_speedup": 1.5, "same_level": 0.97, "spearman": 0.99}
 
 
 @dataclass
@@ -58,9 +57,10 @@ def read_pairs(n: int) -> list[tuple[str, str]]:
 def make_batches(tok: PairTokenizer, pairs: list[tuple[str, str]]) -> list[Batch]:
     enc = tok.encode([q for q, _ in pairs], [t for _, t in pairs])
     order = sorted(range(len(enc)), key=enc.lengths.__getitem__)
-    chunks = [order[i:i + BATCH] for i in range(0, len(order), BATCH)]
-    return [Batch(*pad_batch([enc.input_ids[i] for i in c], [enc.token_type_ids[i] for i in c], tok.pad_id))
-            for c in chunks]
+    chunks = [order[i : i + BATCH] for i in range(0, len(order), BATCH)]
+    return [
+        Batch(*pad_batch([enc.input_ids[i] for i in c], [enc.token_type_ids[i] for i in c], tok.pad_id)) for c in chunks
+    ]
 
 
 def forward_flops(cfg: BertConfig, B: int, t: int) -> float:
@@ -86,8 +86,14 @@ def minilm_checkpoint(out: Path) -> Path:
 def base_checkpoint(out: Path, layers: int) -> Path:
     """BERT-base shapes (hidden 768, 12 heads, intermediate 3072), random weights, MiniLM's vocabulary."""
     tok = PairTokenizer.from_dir(minilm_dir())
-    cfg = BertConfig(vocab_size=tok.vocab_size, hidden_size=768, num_hidden_layers=layers, num_attention_heads=12,
-                     intermediate_size=3072, max_position_embeddings=512)
+    cfg = BertConfig(
+        vocab_size=tok.vocab_size,
+        hidden_size=768,
+        num_hidden_layers=layers,
+        num_attention_heads=12,
+        intermediate_size=3072,
+        max_position_embeddings=512,
+    )
     module = BertForRelevance(cfg)
     module.init_weights(seed=0)
     save_checkpoint(module, tok, out)
@@ -130,8 +136,16 @@ def export_onnx(hf, sample: Batch, out: Path, dynamo: bool) -> Path:
     with warnings.catch_warnings(), torch.no_grad():
         warnings.simplefilter("ignore")
         kw = {"verbose": False} if dynamo else {"opset_version": 17}
-        torch.onnx.export(hf, (sample.ids, sample.mask, sample.seg), str(out), input_names=names,
-                          output_names=["logits"], dynamic_axes=axes, dynamo=dynamo, **kw)
+        torch.onnx.export(
+            hf,
+            (sample.ids, sample.mask, sample.seg),
+            str(out),
+            input_names=names,
+            output_names=["logits"],
+            dynamic_axes=axes,
+            dynamo=dynamo,
+            **kw,
+        )
     return out
 
 
@@ -170,8 +184,9 @@ def build_systems(path: Path, cfg: BertConfig, sample: Batch, threads: int, work
         from onnxruntime.transformers.optimizer import optimize_model
 
         raw = export_onnx(hf_model(path, "eager"), sample, work / "model-eager.onnx", dynamo=False)
-        opt = optimize_model(str(raw), model_type="bert", num_heads=cfg.num_attention_heads,
-                             hidden_size=cfg.hidden_size)
+        opt = optimize_model(
+            str(raw), model_type="bert", num_heads=cfg.num_attention_heads, hidden_size=cfg.hidden_size
+        )
         opt.save_model_to_file(str(work / "model-fused.onnx"))
         fused = {k: v for k, v in opt.get_fused_operator_statistics().items() if v}
         systems["ORT fused"] = ort_system(work / "model-fused.onnx", threads)
@@ -202,7 +217,8 @@ def matmul_peak(n: int, threads: int, reps: int) -> dict:
     a, b = torch.randn(n, n), torch.randn(n, n)
     packed = PackedLinear(b, torch.zeros(n))
     graph = helper.make_graph(
-        [helper.make_node("MatMul", ["A", "B"], ["C"])], "matmul",
+        [helper.make_node("MatMul", ["A", "B"], ["C"])],
+        "matmul",
         [helper.make_tensor_value_info("A", TensorProto.FLOAT, [n, n])],
         [helper.make_tensor_value_info("C", TensorProto.FLOAT, [n, n])],
         [numpy_helper.from_array(b.numpy(), "B")],
@@ -239,7 +255,7 @@ def measure(systems: dict[str, System], batches: list[Batch], repeats: int) -> d
     out = {n: {"seconds": [], "logits": timed_pass(fn, batches)[1]} for n, fn in systems.items()}
     names = list(systems)
     for r in range(repeats):
-        for name in names[r % len(names):] + names[: r % len(names)]:
+        for name in names[r % len(names) :] + names[: r % len(names)]:
             out[name]["seconds"].append(timed_pass(systems[name], batches)[0])
         print(f"  repeat {r + 1}/{repeats}: " + ", ".join(f"{n} {out[n]['seconds'][-1]:.2f}s" for n in names))
     return out
@@ -261,8 +277,10 @@ def bench_model(label: str, path: Path, n_pairs: int, args, peak: float, work: P
     flops = sum(forward_flops(cfg, *b.ids.shape) for b in batches)
     tokens = sum(int(b.mask.sum()) for b in batches)
     padded = sum(b.ids.numel() for b in batches)
-    print(f"{label}: {n_pairs} pairs in {len(batches)} batches, {tokens} tokens ({padded} padded), "
-          f"{flops / 1e9:.1f} GFLOP per pass")
+    print(
+        f"{label}: {n_pairs} pairs in {len(batches)} batches, {tokens} tokens ({padded} padded), "
+        f"{flops / 1e9:.1f} GFLOP per pass"
+    )
     systems, notes = build_systems(path, cfg, batches[len(batches) // 2], args.threads, work)
     runs = measure(systems, batches, args.repeats)
     del systems
@@ -272,15 +290,28 @@ def bench_model(label: str, path: Path, n_pairs: int, args, peak: float, work: P
     rows = {}
     for name, r in runs.items():
         gfs = flops / statistics.median(r["seconds"]) / 1e9
-        rows[name] = {"pairs_per_s": pps[name], "seconds": [round(x, 4) for x in r["seconds"]], "gflops": gfs,
-                      "peak_fraction": gfs / peak,
-                      "max_abs_logit_diff_vs_transformers": (r["logits"] - ref_hf).abs().max().item()}
+        rows[name] = {
+            "pairs_per_s": pps[name],
+            "seconds": [round(x, 4) for x in r["seconds"]],
+            "gflops": gfs,
+            "peak_fraction": gfs / peak,
+            "max_abs_logit_diff_vs_transformers": (r["logits"] - ref_hf).abs().max().item(),
+        }
         for ref in ("transformers", "ORT", "ORT fused"):
             if ref in pps and name != ref:
                 rows[name][f"x_{ref}"] = pps[name] / pps[ref]
-    result = {"label": label, "checkpoint": str(path), "pairs": n_pairs, "batches": len(batches),
-              "tokens": tokens, "padded_tokens": padded, "gflop_per_pass": flops / 1e9, "config": cfg.to_dict(),
-              "systems": rows, "notes": notes}
+    result = {
+        "label": label,
+        "checkpoint": str(path),
+        "pairs": n_pairs,
+        "batches": len(batches),
+        "tokens": tokens,
+        "padded_tokens": padded,
+        "gflop_per_pass": flops / 1e9,
+        "config": cfg.to_dict(),
+        "systems": rows,
+        "notes": notes,
+    }
     if quality:
         values = level_values(labels)
         ref = runs["ours float32"]["logits"]
@@ -292,9 +323,12 @@ def bench_model(label: str, path: Path, n_pairs: int, args, peak: float, work: P
 def targets(r: dict) -> list[dict]:
     s = r["systems"]
     f32 = s["ours float32"]["pairs_per_s"]
-    out = [(f"ours float32 >= {TARGETS['vs_transformers']}x transformers "
-            f"({s['ours float32']['x_transformers']:.2f}x)", s["ours float32"]["x_transformers"]
-            >= TARGETS["vs_transformers"])]
+    out = [
+        (
+            f"ours float32 >= {TARGETS['vs_transformers']}x transformers ({s['ours float32']['x_transformers']:.2f}x)",
+            s["ours float32"]["x_transformers"] >= TARGETS["vs_transformers"],
+        )
+    ]
     orts = [k for k in ("ORT", "ORT fused") if k in s]
     if orts:
         best = max(orts, key=lambda k: s[k]["pairs_per_s"])
@@ -302,13 +336,25 @@ def targets(r: dict) -> list[dict]:
         out.append((f"ours float32 >= {TARGETS['vs_ort']}x ORT (best: {best}, {x:.2f}x)", x >= TARGETS["vs_ort"]))
     for mode in ("ours bfloat16", "ours int8"):
         x = s[mode]["pairs_per_s"] / f32
-        out.append((f"{mode} >= {TARGETS['low_precision_speedup']}x ours float32 ({x:.2f}x)",
-                    x >= TARGETS["low_precision_speedup"]))
+        out.append(
+            (
+                f"{mode} >= {TARGETS['low_precision_speedup']}x ours float32 ({x:.2f}x)",
+                x >= TARGETS["low_precision_speedup"],
+            )
+        )
     for mode, q in r.get("quality", {}).items():
-        out.append((f"{mode}: same level as float32 >= {TARGETS['same_level']} ({q['same_level']:.4f})",
-                    q["same_level"] >= TARGETS["same_level"]))
-        out.append((f"{mode}: Spearman vs float32 >= {TARGETS['spearman']} ({q['spearman']:.4f})",
-                    q["spearman"] >= TARGETS["spearman"]))
+        out.append(
+            (
+                f"{mode}: same level as float32 >= {TARGETS['same_level']} ({q['same_level']:.4f})",
+                q["same_level"] >= TARGETS["same_level"],
+            )
+        )
+        out.append(
+            (
+                f"{mode}: Spearman vs float32 >= {TARGETS['spearman']} ({q['spearman']:.4f})",
+                q["spearman"] >= TARGETS["spearman"],
+            )
+        )
     return [{"target": text, "pass": ok} for text, ok in out]
 
 
@@ -316,7 +362,8 @@ def targets(r: dict) -> list[dict]:
 def render(report: dict) -> str:
     p = report["peak"]
     lines = [
-        "## Model throughput (`bench/model_speed.py`)", "",
+        "## Model throughput (`bench/model_speed.py`)",
+        "",
         f"One forward per batch of {BATCH} length-sorted Home Depot dev pairs; every system gets the same padded "
         f"tensors (tokenisation not timed). Systems interleaved, order rotated per repeat; median of "
         f"{report['repeats']} repeats. `ours float32` is the default (oneDNN pre-packed linears); `ours int8` is "
@@ -331,16 +378,23 @@ def render(report: dict) -> str:
         "+ pooler and head, T = padded tokens, t = padded length.",
     ]
     for r in report["models"]:
-        lines += ["", f"### {r['label']}", "",
-                  f"{r['pairs']} pairs, {r['batches']} batches, {r['tokens']} tokens ({r['padded_tokens']} padded), "
-                  f"{r['gflop_per_pass']:.1f} GFLOP per pass.", "",
-                  "| system | pairs/s | x transformers | x ORT | x ORT fused | GFLOP/s | % of fp32 peak "
-                  "| max abs logit diff vs transformers |",
-                  "|---|---:|---:|---:|---:|---:|---:|---:|"]
+        lines += [
+            "",
+            f"### {r['label']}",
+            "",
+            f"{r['pairs']} pairs, {r['batches']} batches, {r['tokens']} tokens ({r['padded_tokens']} padded), "
+            f"{r['gflop_per_pass']:.1f} GFLOP per pass.",
+            "",
+            "| system | pairs/s | x transformers | x ORT | x ORT fused | GFLOP/s | % of fp32 peak "
+            "| max abs logit diff vs transformers |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|",
+        ]
         for name, s in r["systems"].items():
             xs = [f"{s[k]:.2f}" if k in s else "—" for k in ("x_transformers", "x_ORT", "x_ORT fused")]
-            lines.append(f"| {name} | {s['pairs_per_s']:.0f} | {' | '.join(xs)} | {s['gflops']:.0f} | "
-                         f"{100 * s['peak_fraction']:.0f}% | {s['max_abs_logit_diff_vs_transformers']:.1e} |")
+            lines.append(
+                f"| {name} | {s['pairs_per_s']:.0f} | {' | '.join(xs)} | {s['gflops']:.0f} | "
+                f"{100 * s['peak_fraction']:.0f}% | {s['max_abs_logit_diff_vs_transformers']:.1e} |"
+            )
         for name, why in r["notes"].items():
             lines.append(f"\n{name}: {why}")
         if "quality" in r:
@@ -359,8 +413,11 @@ def main() -> int:
     p.add_argument("--base-pairs", type=int, default=1000, help="dev pairs for the BERT-base-sized model")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--no-base", action="store_true", help="skip the BERT-base-sized model")
-    p.add_argument("--quick", action="store_true", help="smoke run: 64 pairs, 1 repeat, a 1-layer base model, "
-                   "results under /tmp/qtrel-bench-quick")
+    p.add_argument(
+        "--quick",
+        action="store_true",
+        help="smoke run: 64 pairs, 1 repeat, a 1-layer base model, results under /tmp/qtrel-bench-quick",
+    )
     a = p.parse_args()
     if a.quick:
         a.pairs, a.base_pairs, a.repeats = min(a.pairs, 64), min(a.base_pairs, 32), 1
@@ -368,8 +425,14 @@ def main() -> int:
     warnings.filterwarnings("ignore", category=UserWarning, module=r"torch\.ao")  # int8's deprecation notice
     logging.getLogger("torch.onnx").setLevel(logging.ERROR)  # the exporter's notes on torchvision ops
     md, js = output_paths("model_speed", a.quick)
-    report = {"machine": machine(), "command": command_line(), "threads": a.threads, "repeats": a.repeats,
-              "quick": a.quick, "models": []}
+    report = {
+        "machine": machine(),
+        "command": command_line(),
+        "threads": a.threads,
+        "repeats": a.repeats,
+        "quick": a.quick,
+        "models": [],
+    }
     import onnxruntime
     import transformers
 
@@ -381,8 +444,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="qtrel-bench-") as tmp:
         work = Path(tmp)
         small = a.model or minilm_checkpoint(work / "minilm-seeded")
-        small_label = (f"(a) {a.model} (--model)" if a.model
-                       else "(a) MiniLM-L6 (H384, 6 layers) + seeded 5-level head")
+        small_label = f"(a) {a.model} (--model)" if a.model else "(a) MiniLM-L6 (H384, 6 layers) + seeded 5-level head"
         (work / "a").mkdir()
         report["models"].append(bench_model(small_label, small, a.pairs, a, peak["peak_gflops"], work / "a", True))
         if not a.no_base:
@@ -394,8 +456,12 @@ def main() -> int:
         f"(b) uses {a.base_pairs} pairs (not {a.pairs}) to bound the run time; its weights are random, so only "
         "its speed means anything.",
         "Quality: the bfloat16 and int8 modes against our float32 on (a), same pairs."
-        + ("" if a.model else " The head is seeded, not trained: its levels sit close together, so a run with "
-           "--model (a trained checkpoint) is the meaningful check."),
+        + (
+            ""
+            if a.model
+            else " The head is seeded, not trained: its levels sit close together, so a run with "
+            "--model (a trained checkpoint) is the meaningful check."
+        ),
     ]
     if a.quick:
         report["notes"].append("--quick smoke run: tiny sizes, numbers are not benchmarks.")

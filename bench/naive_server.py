@@ -43,8 +43,9 @@ class NaiveScorer:
         self.values = torch.tensor([float(x) for x in labels])
 
     def score(self, queries: list[str], titles: list[str]) -> list[dict]:
-        enc = self.tokenizer(queries, titles, truncation="only_second", max_length=self.max_length, padding=True,
-                             return_tensors="pt")
+        enc = self.tokenizer(
+            queries, titles, truncation="only_second", max_length=self.max_length, padding=True, return_tensors="pt"
+        )
         with torch.inference_mode():
             probs = self.model(**enc).logits.float().softmax(-1)
         levels = probs.argmax(-1).tolist()

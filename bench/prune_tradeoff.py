@@ -36,20 +36,35 @@ RAW = ROOT / "docs" / "bench" / "prune_tradeoff.json"
 def finetune(path: Path, steps: int, threads: int) -> None:
     from model.train import TrainArgs, train
 
-    train(TrainArgs(train_file=str(TRAIN), base=str(path), output_dir=str(path) + "-ft", dev_file=str(DEV),
-                    epochs=1.0, max_steps=steps, lr=3e-5, warmup_ratio=0.1, eval_every=steps, select="qwk",
-                    save_every=10**9, threads=threads, progress=False))
+    train(
+        TrainArgs(
+            train_file=str(TRAIN),
+            base=str(path),
+            output_dir=str(path) + "-ft",
+            dev_file=str(DEV),
+            epochs=1.0,
+            max_steps=steps,
+            lr=3e-5,
+            warmup_ratio=0.1,
+            eval_every=steps,
+            select="qwk",
+            save_every=10**9,
+            threads=threads,
+            progress=False,
+        )
+    )
 
 
-def throughput(models: dict[str, RelevanceModel], pairs, repeats: int, max_batch_tokens: int = 4096,
-               warmup_pairs: int = 256) -> dict[str, float]:
+def throughput(
+    models: dict[str, RelevanceModel], pairs, repeats: int, max_batch_tokens: int = 4096, warmup_pairs: int = 256
+) -> dict[str, float]:
     """Pairs/s per model, median over repeats, models interleaved (order rotated) within each repeat."""
     names = list(models)
     times: dict[str, list[float]] = {n: [] for n in names}
     for n in names:
         models[n].predict(pairs[:warmup_pairs])  # warm-up: kernel selection per shape
     for r in range(repeats):
-        for n in names[r % len(names):] + names[: r % len(names)]:
+        for n in names[r % len(names) :] + names[: r % len(names)]:
             t0 = time.perf_counter()
             models[n].predict(pairs, max_batch_tokens=max_batch_tokens)
             times[n].append(time.perf_counter() - t0)
@@ -103,22 +118,40 @@ def main() -> int:
     speed = throughput(models, dev.pairs[: a.speed_pairs], a.repeats)
 
     base = rows["0%"]
-    lines = ["| heads removed | pairs/s | speed-up | accuracy | QWK | ΔQWK | NDCG@10 | ΔNDCG@10 | RMSE (1..3) |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    lines = [
+        "| heads removed | pairs/s | speed-up | accuracy | QWK | ΔQWK | NDCG@10 | ΔNDCG@10 | RMSE (1..3) |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
     for name in dirs:
         r = rows[name]
         dq = (r["qwk"] - base["qwk"]) / base["qwk"] * 100
         dn = (r["ndcg@10"] - base["ndcg@10"]) / base["ndcg@10"] * 100
-        lines.append(f"| {name} | {speed[name]:.0f} | {speed[name] / speed['0%']:.2f}× | {r['accuracy']:.4f} | "
-                     f"{r['qwk']:.4f} | {dq:+.2f}% | {r['ndcg@10']:.4f} | {dn:+.2f}% | {r['rmse_relevance']:.4f} |")
+        lines.append(
+            f"| {name} | {speed[name]:.0f} | {speed[name] / speed['0%']:.2f}× | {r['accuracy']:.4f} | "
+            f"{r['qwk']:.4f} | {dq:+.2f}% | {r['ndcg@10']:.4f} | {dn:+.2f}% | {r['rmse_relevance']:.4f} |"
+        )
     m = machine()
-    body = "\n".join([*machine_lines(m, command_line()),
-                      f"- {a.dtype}, {a.speed_pairs} dev pairs timed, median of {a.repeats} interleaved repeats; "
-                      f"quality on all {len(dev)} dev pairs; importance from the first {a.importance_pairs} "
-                      f"training pairs; fine-tuning steps after pruning: {a.finetune_steps}", "", *lines])
-    write_json(RAW, {"machine": m, "command": command_line(), "rows": rows, "speed": speed,
-                     "removed": {k: [list(x) for x in v] for k, v in removed.items()},
-                     "importance": importance.tolist()})
+    body = "\n".join(
+        [
+            *machine_lines(m, command_line()),
+            f"- {a.dtype}, {a.speed_pairs} dev pairs timed, median of {a.repeats} interleaved repeats; "
+            f"quality on all {len(dev)} dev pairs; importance from the first {a.importance_pairs} "
+            f"training pairs; fine-tuning steps after pruning: {a.finetune_steps}",
+            "",
+            *lines,
+        ]
+    )
+    write_json(
+        RAW,
+        {
+            "machine": m,
+            "command": command_line(),
+            "rows": rows,
+            "speed": speed,
+            "removed": {k: [list(x) for x in v] for k, v in removed.items()},
+            "importance": importance.tolist(),
+        },
+    )
     from results import update_section
 
     update_section(HEADS_MD, "prune", body)

@@ -57,8 +57,10 @@ def main() -> int:
     if a.quick:
         a.rounds, a.seconds, a.warmup = 1, 1.0, 0.5
     rows = read_dev()
-    loads = {"(a) 64 clients x 1 pair": (one_pair_bodies(rows, 4000)[0], 64),
-             "(b) 8 clients x 1 query, 50 titles": (query_bodies(rows, 80, 50)[0], 8)}
+    loads = {
+        "(a) 64 clients x 1 pair": (one_pair_bodies(rows, 4000)[0], 64),
+        "(b) 8 clients x 1 query, 50 titles": (query_bodies(rows, 80, 50)[0], 8),
+    }
     models = {"A": a.a, "B": a.b}
     dev_pairs = [(r["query"], r["title"]) for r in rows[: 200 if a.quick else 2000]]
     offline = offline_speedup(a.a, a.b, a.dtype, dev_pairs, 1 if a.quick else 5)
@@ -81,8 +83,10 @@ def main() -> int:
 
         asyncio.run(drive())
 
-    lines = ["| load | A pairs/s | B pairs/s | B / A (median of rounds) | A p50 ms | B p50 ms | B / A per round |",
-             "|---|---:|---:|---:|---:|---:|---|"]
+    lines = [
+        "| load | A pairs/s | B pairs/s | B / A (median of rounds) | A p50 ms | B p50 ms | B / A per round |",
+        "|---|---:|---:|---:|---:|---:|---|",
+    ]
     summary = {}
     for load in loads:
         ra, rb = results["A"][load], results["B"][load]
@@ -91,19 +95,39 @@ def main() -> int:
         per_round = [y[0] / x[0] for x, y in zip(ra, rb)]
         speedup = statistics.median(per_round)  # paired by round: drift of the machine cancels
         summary[load] = {"a": pa, "b": pb, "speedup": speedup, "per_round": per_round}
-        lines.append(f"| {load} | {pa:.0f} | {pb:.0f} | {speedup:.2f}× | {la:.0f} | {lb:.0f} | "
-                     f"{', '.join(f'{x:.2f}' for x in per_round)} |")
-    lines.append(f"| offline: predict on {len(dev_pairs)} dev pairs, one process, {offline['dtype']} | "
-                 f"{offline['A']:.0f} | {offline['B']:.0f} | {offline['B'] / offline['A']:.2f}× | | | |")
+        lines.append(
+            f"| {load} | {pa:.0f} | {pb:.0f} | {speedup:.2f}× | {la:.0f} | {lb:.0f} | "
+            f"{', '.join(f'{x:.2f}' for x in per_round)} |"
+        )
+    lines.append(
+        f"| offline: predict on {len(dev_pairs)} dev pairs, one process, {offline['dtype']} | "
+        f"{offline['A']:.0f} | {offline['B']:.0f} | {offline['B'] / offline['A']:.2f}× | | | |"
+    )
     m = machine()
-    body = "\n".join([*machine_lines(m, command_line()),
-                      f"- A: `{a.a}`; B: `{a.b}`; `qtrel serve` with its default layout, dtype {a.dtype}; "
-                      f"{a.rounds} rounds of {a.seconds:g} s windows per load, A and B alternating", "", *lines])
+    body = "\n".join(
+        [
+            *machine_lines(m, command_line()),
+            f"- A: `{a.a}`; B: `{a.b}`; `qtrel serve` with its default layout, dtype {a.dtype}; "
+            f"{a.rounds} rounds of {a.seconds:g} s windows per load, A and B alternating",
+            "",
+            *lines,
+        ]
+    )
     print("\n" + body)
     if a.section and not a.quick:
         _, raw = output_paths(f"service_ab_{a.section}", False)
-        write_json(raw, {"machine": m, "command": command_line(), "a": str(a.a), "b": str(a.b),
-                         "results": results, "summary": summary, "offline": offline})
+        write_json(
+            raw,
+            {
+                "machine": m,
+                "command": command_line(),
+                "a": str(a.a),
+                "b": str(a.b),
+                "results": results,
+                "summary": summary,
+                "offline": offline,
+            },
+        )
         update_section(HEADS_MD, a.section, body)
         print(f"wrote {raw} and the {a.section} section of {HEADS_MD}")
     return 0

@@ -233,10 +233,15 @@ class LexicalBaseline:
         self.stats = TitleStats([e.title for e in train.examples])
         s = self.settings
         self._clf = HistGradientBoostingClassifier(
-            max_iter=s.max_iter, learning_rate=s.learning_rate, max_leaf_nodes=s.max_leaf_nodes,
-            min_samples_leaf=s.min_samples_leaf, l2_regularization=s.l2_regularization,
-            early_stopping=len(y) >= 1000, validation_fraction=s.validation_fraction,
-            n_iter_no_change=20, random_state=s.seed,
+            max_iter=s.max_iter,
+            learning_rate=s.learning_rate,
+            max_leaf_nodes=s.max_leaf_nodes,
+            min_samples_leaf=s.min_samples_leaf,
+            l2_regularization=s.l2_regularization,
+            early_stopping=len(y) >= 1000,
+            validation_fraction=s.validation_fraction,
+            n_iter_no_change=20,
+            random_state=s.seed,
         )
         X = self.features(train.pairs)
         # A feature that is undefined on every training row (no query has a number, say) makes the
@@ -252,9 +257,7 @@ class LexicalBaseline:
         """Read a labelled file and fit on it, remembering the file so that `save` can record it."""
         ds = read_labelled(path, self.labels, label_column, label_map)
         self.fit(ds)
-        self.source = TrainSource(
-            str(Path(path).resolve()), file_sha256(path), self.labels, label_column, label_map
-        )
+        self.source = TrainSource(str(Path(path).resolve()), file_sha256(path), self.labels, label_column, label_map)
         return self
 
     def predict_proba(self, pairs: Sequence[tuple[str, str]]) -> np.ndarray:

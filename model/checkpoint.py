@@ -112,9 +112,7 @@ def read_weights(path: Path) -> dict[str, torch.Tensor]:
     raise CheckpointError(f"{path} has no model.safetensors or pytorch_model.bin")
 
 
-def load_state(
-    model: BertForRelevance, state: dict[str, torch.Tensor], allow_missing: tuple[str, ...] = ()
-) -> None:
+def load_state(model: BertForRelevance, state: dict[str, torch.Tensor], allow_missing: tuple[str, ...] = ()) -> None:
     """Copy `state` into `model`; every problem is collected and named in one error.
     `allow_missing` lists key prefixes that may be absent (a fresh head being built)."""
     expected = model.state_dict()

@@ -155,10 +155,16 @@ class RelevanceModel:
 
     def describe(self) -> dict:
         """What a server reports about the loaded model (plain JSON-ready values)."""
-        return {"name": self.name, "labels": list(self.labels), "max_length": self.max_length,
-                "device": str(self.device), "dtype": self.dtype, "level_rule": self.rule.name,
-                "level_cuts": None if self.rule.cuts is None else list(self.rule.cuts),
-                "cpu_kernels": self.cpu_kernels}
+        return {
+            "name": self.name,
+            "labels": list(self.labels),
+            "max_length": self.max_length,
+            "device": str(self.device),
+            "dtype": self.dtype,
+            "level_rule": self.rule.name,
+            "level_cuts": None if self.rule.cuts is None else list(self.rule.cuts),
+            "cpu_kernels": self.cpu_kernels,
+        }
 
     def warm_up(self, max_batch_tokens: int = 8192) -> None:
         """Forward passes over a spread of lengths and batch sizes, and (unpadded path) every linear layer
@@ -206,9 +212,7 @@ class RelevanceModel:
         """(B, levels) logits -> probabilities, expected level and the rule's level (model.scoring)."""
         return score_logits(logits, self.values, self.rule)
 
-    def encode(
-        self, pairs: Sequence[tuple[str, str]], truncation: Truncation = "only_second"
-    ) -> EncodedPairs:
+    def encode(self, pairs: Sequence[tuple[str, str]], truncation: Truncation = "only_second") -> EncodedPairs:
         return self.tokenizer.encode([q for q, _ in pairs], [t for _, t in pairs], truncation=truncation)
 
     def encoded_logits(
@@ -235,8 +239,9 @@ class RelevanceModel:
         s = self.score(self.encoded_logits(enc, max_batch_tokens, head_mask))
         return [
             PairScore(p, self.labels[lv], e, n, tr)
-            for p, lv, e, n, tr in zip(s.probs.tolist(), s.level.tolist(), s.expected.tolist(), enc.lengths,
-                                       enc.truncated)
+            for p, lv, e, n, tr in zip(
+                s.probs.tolist(), s.level.tolist(), s.expected.tolist(), enc.lengths, enc.truncated
+            )
         ]
 
 

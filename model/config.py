@@ -40,13 +40,10 @@ class BertConfig:
     def __post_init__(self) -> None:
         if self.hidden_size % self.num_attention_heads:
             raise ConfigError(
-                f"hidden_size {self.hidden_size} is not a multiple of "
-                f"num_attention_heads {self.num_attention_heads}"
+                f"hidden_size {self.hidden_size} is not a multiple of num_attention_heads {self.num_attention_heads}"
             )
         if self.hidden_act not in SUPPORTED_ACTIVATIONS:
-            raise ConfigError(
-                f"hidden_act {self.hidden_act!r} is not supported (choose from {SUPPORTED_ACTIVATIONS})"
-            )
+            raise ConfigError(f"hidden_act {self.hidden_act!r} is not supported (choose from {SUPPORTED_ACTIVATIONS})")
         if not self.id2label:
             raise ConfigError("id2label is empty: the head needs at least one level")
         for layer, heads in self.pruned_heads.items():

@@ -107,8 +107,9 @@ def occlusion(
         c[i] = mask_id
         copies.append(c)
     rows = max(1, max_batch_tokens // len(ids))
-    logits = torch.cat([model.logits(copies[k : k + rows], [seg] * len(copies[k : k + rows]))
-                       for k in range(0, len(copies), rows)])
+    logits = torch.cat(
+        [model.logits(copies[k : k + rows], [seg] * len(copies[k : k + rows])) for k in range(0, len(copies), rows)]
+    )
     scores = model.score(logits).expected
     drop = (scores[0] - scores[1:]).double()
     out: list[float | None] = [None] * len(ids)
@@ -147,15 +148,20 @@ def explain_pair(
     layers = []
     for layer in range(cfg.num_hidden_layers):
         cls_rows = _round(att[layer, heads[layer], 0], SUMMARY_DECIMALS)
-        layers.append({
-            "layer": layer,
-            "heads": [
-                {"head": h, "cls": cls_rows[k],
-                 "query_to_title": round(float(q2t[layer, h]), SUMMARY_DECIMALS),
-                 "title_to_query": round(float(t2q[layer, h]), SUMMARY_DECIMALS)}
-                for k, h in enumerate(heads[layer])
-            ],
-        })
+        layers.append(
+            {
+                "layer": layer,
+                "heads": [
+                    {
+                        "head": h,
+                        "cls": cls_rows[k],
+                        "query_to_title": round(float(q2t[layer, h]), SUMMARY_DECIMALS),
+                        "title_to_query": round(float(t2q[layer, h]), SUMMARY_DECIMALS),
+                    }
+                    for k, h in enumerate(heads[layer])
+                ],
+            }
+        )
 
     matching = []
     tm = term_matching(att, ids, layout)
@@ -165,9 +171,13 @@ def explain_pair(
         kept = [(layer, h) for layer in range(cfg.num_hidden_layers) for h in heads[layer]]
         kept.sort(key=lambda lh: -float(score[lh]))
         matching = [
-            {"layer": layer, "head": h, "score": round(float(score[layer, h]), SUMMARY_DECIMALS),
-             "query_to_title": round(float(mq[layer, h]), SUMMARY_DECIMALS),
-             "title_to_query": round(float(mt[layer, h]), SUMMARY_DECIMALS)}
+            {
+                "layer": layer,
+                "head": h,
+                "score": round(float(score[layer, h]), SUMMARY_DECIMALS),
+                "query_to_title": round(float(mq[layer, h]), SUMMARY_DECIMALS),
+                "title_to_query": round(float(mt[layer, h]), SUMMARY_DECIMALS),
+            }
             for layer, h in kept[: max(0, top_heads)]
         ]
 
@@ -190,8 +200,10 @@ def explain_pair(
     if attention:
         # heads absent after pruning come out as null rows
         out["attention"] = [
-            [_round(att[layer, h], MATRIX_DECIMALS) if h in heads[layer] else None
-             for h in range(cfg.num_attention_heads)]
+            [
+                _round(att[layer, h], MATRIX_DECIMALS) if h in heads[layer] else None
+                for h in range(cfg.num_attention_heads)
+            ]
             for layer in range(cfg.num_hidden_layers)
         ]
     return out

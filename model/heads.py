@@ -88,8 +88,13 @@ def lower_vs_upper(ev: HeadEvaluator, fractions=(0.2, 0.4, 0.6, 0.8, 1.0), seeds
                 tick and tick()
             pts.append({"fraction": f, "runs": runs, **_spread(runs)})
         out[name] = pts
-    return {"experiment": "lower_vs_upper", "lower_layers": list(groups["lower"]),
-            "upper_layers": list(groups["upper"]), "base": ev.base, "points": out}
+    return {
+        "experiment": "lower_vs_upper",
+        "lower_layers": list(groups["lower"]),
+        "upper_layers": list(groups["upper"]),
+        "base": ev.base,
+        "points": out,
+    }
 
 
 def whole_layers(ev: HeadEvaluator, tick=None) -> dict:
@@ -123,8 +128,7 @@ def term_matching_scores(model: RelevanceModel, ds: Dataset, max_pairs: int = 50
     count = 0
     for b in length_batches(enc.lengths, 4096):
         ids, seg, mask = pad_batch([enc.input_ids[i] for i in b], [enc.token_type_ids[i] for i in b], tok.pad_id)
-        _, att = model.module(ids.to(model.device), seg.to(model.device), mask.to(model.device),
-                              output_attentions=True)
+        _, att = model.module(ids.to(model.device), seg.to(model.device), mask.to(model.device), output_attentions=True)
         for row, i in enumerate(b):
             x, s = enc.input_ids[i], enc.token_type_ids[i]
             q = [p for p in range(len(x)) if s[p] == 0 and x[p] not in special]
@@ -153,8 +157,13 @@ def term_matching(ev: HeadEvaluator, ks=(1, 2, 3, 5, 8), seeds=(0, 1, 2), max_pa
         rand = [ev.relative(mask_of(ev.layers, ev.heads, random.Random(s).sample(pool, k))) for s in seeds]
         tick and tick()
         pts.append({"k": k, "top_heads": ranked[:k], "top": top, "random": _spread(rand)})
-    return {"experiment": "term_matching", "base": ev.base, "scores": scores,
-            "ranking": [list(x) for x in ranked[:16]], "points": pts}
+    return {
+        "experiment": "term_matching",
+        "base": ev.base,
+        "scores": scores,
+        "ranking": [list(x) for x in ranked[:16]],
+        "points": pts,
+    }
 
 
 def _spread(runs: list[dict]) -> dict:
@@ -165,8 +174,9 @@ def _spread(runs: list[dict]) -> dict:
 
 
 # --- importance and pruning ---------------------------------------------------------------------
-def gradient_importance(module: BertForRelevance, enc, labels: list[int], pad_id: int = 0,
-                        max_batch_tokens: int = 4096) -> Tensor:
+def gradient_importance(
+    module: BertForRelevance, enc, labels: list[int], pad_id: int = 0, max_batch_tokens: int = 4096
+) -> Tensor:
     """|dL/d mask| per head summed over the data (Michel et al., 2019): how much the loss depends on
     each head. (layers, config heads); pruned heads get 0."""
     cfg = module.cfg
@@ -239,8 +249,9 @@ def prune_heads(module: BertForRelevance, remove: list[tuple[int, int]]) -> Bert
     return new
 
 
-def prune_checkpoint(model_dir: str | Path, data_file: str | Path, out: str | Path, fraction: float,
-                     limit: int = 2000) -> dict:
+def prune_checkpoint(
+    model_dir: str | Path, data_file: str | Path, out: str | Path, fraction: float, limit: int = 2000
+) -> dict:
     """`qtrel prune`: remove `fraction` of all heads, least important first by gradient importance on the
     first `limit` pairs of `data_file` (use training data), keeping a head in every layer; save to `out`."""
     from model.checkpoint import load_module, save_checkpoint
@@ -259,5 +270,8 @@ def prune_checkpoint(model_dir: str | Path, data_file: str | Path, out: str | Pa
     remove = heads_to_remove(order, module, n)
     pruned = prune_heads(module, remove)
     save_checkpoint(pruned, tok, out)
-    return {"removed": len(remove), "pruned_heads": {str(k): v for k, v in pruned.cfg.pruned_heads.items()},
-            "out": str(out)}
+    return {
+        "removed": len(remove),
+        "pruned_heads": {str(k): v for k, v in pruned.cfg.pruned_heads.items()},
+        "out": str(out),
+    }

@@ -30,8 +30,16 @@ def subset_by_query(ds: Dataset, limit: int, seed: int = 0) -> Dataset:
     return Dataset(out, ds.path)
 
 
-def run(model_dir: str, data: str, out_dir: str, limit: int = 1500, seeds: int = 3,
-        experiments=EXPERIMENTS, progress: bool = True, threads: int = 0) -> dict:
+def run(
+    model_dir: str,
+    data: str,
+    out_dir: str,
+    limit: int = 1500,
+    seeds: int = 3,
+    experiments=EXPERIMENTS,
+    progress: bool = True,
+    threads: int = 0,
+) -> dict:
     import torch
 
     if threads:
@@ -43,8 +51,13 @@ def run(model_dir: str, data: str, out_dir: str, limit: int = 1500, seeds: int =
     ev = H.HeadEvaluator(model, ds)
     L, NH = ev.layers, ev.heads
     s = tuple(range(seeds))
-    sizes = {"random": 6 * seeds, "lower_vs_upper": 2 * (4 * seeds + 1), "whole_layers": L,
-             "single_heads": L * NH, "term_matching": 5}
+    sizes = {
+        "random": 6 * seeds,
+        "lower_vs_upper": 2 * (4 * seeds + 1),
+        "whole_layers": L,
+        "single_heads": L * NH,
+        "term_matching": 5,
+    }
     bar = None
     if progress:
         from tqdm import tqdm
@@ -79,23 +92,34 @@ def summary(results: dict) -> dict:
     s: dict = {"pairs": results["pairs"], "base": results["base"]}
     key = ("accuracy", "qwk", "ndcg@10")
     if "random" in results:
-        s["random"] = {p["fraction"]: {k: round(p["mean_relative_change"][k], 4) for k in key}
-                       for p in results["random"]["points"]}
+        s["random"] = {
+            p["fraction"]: {k: round(p["mean_relative_change"][k], 4) for k in key} for p in results["random"]["points"]
+        }
     if "lower_vs_upper" in results:
-        s["lower_vs_upper"] = {g: {p["fraction"]: {k: round(p["mean_relative_change"][k], 4) for k in key}
-                                   for p in pts} for g, pts in results["lower_vs_upper"]["points"].items()}
+        s["lower_vs_upper"] = {
+            g: {p["fraction"]: {k: round(p["mean_relative_change"][k], 4) for k in key} for p in pts}
+            for g, pts in results["lower_vs_upper"]["points"].items()
+        }
     if "whole_layers" in results:
-        s["whole_layers"] = {p["layer"]: {k: round(p["relative_change"][k], 4) for k in key}
-                             for p in results["whole_layers"]["points"]}
+        s["whole_layers"] = {
+            p["layer"]: {k: round(p["relative_change"][k], 4) for k in key} for p in results["whole_layers"]["points"]
+        }
     if "single_heads" in results:
         grid = results["single_heads"]["relative_change"]["accuracy"]
         flat = sorted(((v, la, h) for la, row in enumerate(grid) for h, v in enumerate(row)))
-        s["single_heads"] = {"worst": [(la, h, round(v, 4)) for v, la, h in flat[:5]],
-                             "best": [(la, h, round(v, 4)) for v, la, h in flat[-5:]]}
+        s["single_heads"] = {
+            "worst": [(la, h, round(v, 4)) for v, la, h in flat[:5]],
+            "best": [(la, h, round(v, 4)) for v, la, h in flat[-5:]],
+        }
     if "term_matching" in results:
-        s["term_matching"] = [{"k": p["k"], "top": {k: round(p["top"]["relative_change"][k], 4) for k in key},
-                               "random": {k: round(p["random"]["mean_relative_change"][k], 4) for k in key}}
-                              for p in results["term_matching"]["points"]]
+        s["term_matching"] = [
+            {
+                "k": p["k"],
+                "top": {k: round(p["top"]["relative_change"][k], 4) for k in key},
+                "random": {k: round(p["random"]["mean_relative_change"][k], 4) for k in key},
+            }
+            for p in results["term_matching"]["points"]
+        ]
     return s
 
 
@@ -111,15 +135,26 @@ def plot(r: dict, path: Path) -> None:
     if name == "random":
         xs = [p["fraction"] for p in r["points"]]
         for k in metrics:
-            ax.errorbar(xs, [p["mean_relative_change"][k] * 100 for p in r["points"]],
-                        yerr=[p["std_relative_change"][k] * 100 for p in r["points"]], label=k, capsize=3, marker="o")
+            ax.errorbar(
+                xs,
+                [p["mean_relative_change"][k] * 100 for p in r["points"]],
+                yerr=[p["std_relative_change"][k] * 100 for p in r["points"]],
+                label=k,
+                capsize=3,
+                marker="o",
+            )
         ax.set_xlabel("fraction of all heads masked at random")
     elif name == "lower_vs_upper":
         for g, style in (("lower", "-"), ("upper", "--")):
             pts = r["points"][g]
             for k in ("accuracy", "qwk"):
-                ax.plot([p["fraction"] for p in pts], [p["mean_relative_change"][k] * 100 for p in pts], style,
-                        marker="o", label=f"{g} layers {r[g + '_layers']}: {k}")
+                ax.plot(
+                    [p["fraction"] for p in pts],
+                    [p["mean_relative_change"][k] * 100 for p in pts],
+                    style,
+                    marker="o",
+                    label=f"{g} layers {r[g + '_layers']}: {k}",
+                )
         ax.set_xlabel("fraction of the group's heads masked")
     elif name == "whole_layers":
         xs = [p["layer"] for p in r["points"]]
@@ -138,10 +173,19 @@ def plot(r: dict, path: Path) -> None:
     elif name == "term_matching":
         ks = [p["k"] for p in r["points"]]
         for k in ("accuracy", "qwk"):
-            ax.plot(ks, [p["top"]["relative_change"][k] * 100 for p in r["points"]], marker="o",
-                    label=f"top-k term-matching heads: {k}")
-            ax.plot(ks, [p["random"]["mean_relative_change"][k] * 100 for p in r["points"]], "--", marker="x",
-                    label=f"k random heads: {k}")
+            ax.plot(
+                ks,
+                [p["top"]["relative_change"][k] * 100 for p in r["points"]],
+                marker="o",
+                label=f"top-k term-matching heads: {k}",
+            )
+            ax.plot(
+                ks,
+                [p["random"]["mean_relative_change"][k] * 100 for p in r["points"]],
+                "--",
+                marker="x",
+                label=f"k random heads: {k}",
+            )
         ax.set_xlabel("heads masked (k)")
     if name != "single_heads":
         ax.set_ylabel("change vs unmasked (%)")

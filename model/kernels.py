@@ -47,8 +47,12 @@ def probe(dtype: torch.dtype) -> str | None:
     g = torch.Generator().manual_seed(0)
     tol = PROBE_TOLERANCE[dtype]
     x = torch.randn(8, 16, generator=g).to(dtype)  # (N, in), as the packed forward feeds the layers
-    for out, act, algorithm, with_bias in ((24, "none", "", True), (32, "none", "", False),
-                                           (32, "gelu", "none", True), (16, "gelu", "tanh", True)):
+    for out, act, algorithm, with_bias in (
+        (24, "none", "", True),
+        (32, "none", "", False),
+        (32, "gelu", "none", True),
+        (16, "gelu", "tanh", True),
+    ):
         lin = nn.Linear(16, out)
         lin.weight.copy_(torch.randn(out, 16, generator=g) * 0.25)
         lin.bias.copy_(torch.randn(out, generator=g) if with_bias else torch.zeros(out))
@@ -78,8 +82,10 @@ def pack_for_cpu(model: nn.Module) -> None:
         if not isinstance(layer, Layer):
             continue
         a = layer.attn
-        a.qkv = PackedLinear(torch.cat([a.query.weight, a.key.weight, a.value.weight]),
-                             torch.cat([a.query.bias, a.key.bias, a.value.bias]))
+        a.qkv = PackedLinear(
+            torch.cat([a.query.weight, a.key.weight, a.value.weight]),
+            torch.cat([a.query.bias, a.key.bias, a.value.bias]),
+        )
         a.out = PackedLinear(a.out.weight, a.out.bias)
         del a.query, a.key, a.value
         fused = {"gelu": "none", "gelu_new": "tanh", "gelu_pytorch_tanh": "tanh"}.get(layer.act_name)

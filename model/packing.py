@@ -59,7 +59,10 @@ def token_buckets(max_tokens: int) -> list[int]:
 
 
 def pack(
-    input_ids: list[list[int]], token_type_ids: list[list[int]], device: torch.device, dtype: torch.dtype,
+    input_ids: list[list[int]],
+    token_type_ids: list[list[int]],
+    device: torch.device,
+    dtype: torch.dtype,
     ratio: float = 0.8,
 ) -> Packing:
     """Pack a batch; consecutive pairs (by length, longest first) share an attention block while their

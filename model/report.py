@@ -11,7 +11,12 @@ from pathlib import Path
 
 # Headline metrics in report order, and whether higher is better.
 HEADLINE = {
-    "accuracy": True, "macro_f1": True, "qwk": True, "ndcg@10": True, "rmse_level": False, "rmse_relevance": False,
+    "accuracy": True,
+    "macro_f1": True,
+    "qwk": True,
+    "ndcg@10": True,
+    "rmse_level": False,
+    "rmse_relevance": False,
 }
 
 
@@ -40,17 +45,25 @@ def headline_lines(results: Mapping[str, dict]) -> list[str]:
 def per_level_lines(metrics: dict, labels: Sequence[str]) -> list[str]:
     n = max(1, sum(r["support"] for r in metrics["per_level"]))
     rows = [
-        [f"level {lab}", f"{r['precision']:.3f}", f"{r['recall']:.3f}", f"{r['f1']:.3f}", str(r["support"]),
-         f"{r.get('predicted', 0) / n:.1%}"]
+        [
+            f"level {lab}",
+            f"{r['precision']:.3f}",
+            f"{r['recall']:.3f}",
+            f"{r['f1']:.3f}",
+            str(r["support"]),
+            f"{r.get('predicted', 0) / n:.1%}",
+        ]
         for lab, r in zip(labels, metrics["per_level"])
     ]
     return _table(["", "precision", "recall", "f1", "support", "predicted"], rows)
 
 
 def negatives_lines(name: str, neg: dict) -> list[str]:
-    return [f"{name}: {neg['n']} sampled negatives (titles judged only for other queries of the file): "
-            f"graded level 1 {neg['level1_share']:.1%}, level 1-2 {neg['level12_share']:.1%}, "
-            f"mean score {neg['mean_score']:.3f}, AUC judged vs negative {neg['auc']:.4f}"]
+    return [
+        f"{name}: {neg['n']} sampled negatives (titles judged only for other queries of the file): "
+        f"graded level 1 {neg['level1_share']:.1%}, level 1-2 {neg['level12_share']:.1%}, "
+        f"mean score {neg['mean_score']:.3f}, AUC judged vs negative {neg['auc']:.4f}"
+    ]
 
 
 def confusion_lines(metrics: dict, labels: Sequence[str]) -> list[str]:
@@ -58,8 +71,9 @@ def confusion_lines(metrics: dict, labels: Sequence[str]) -> list[str]:
     return _table(["", *(f"pred {lab}" for lab in labels)], rows)
 
 
-def text_report(results: Mapping[str, dict], labels: Sequence[str], data: str = "",
-                negatives: Mapping[str, dict] | None = None) -> str:
+def text_report(
+    results: Mapping[str, dict], labels: Sequence[str], data: str = "", negatives: Mapping[str, dict] | None = None
+) -> str:
     """Headline metrics side by side, then per-level precision/recall/F1 and the confusion matrix of each,
     and how each system grades sampled negatives."""
     n = next(iter(results.values()))["n"]

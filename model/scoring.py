@@ -91,8 +91,8 @@ def fit_cuts(
 ) -> tuple[float, ...]:
     """Cut points on the expected level (values 1..k) maximising quadratic weighted kappa against the
     true class indices, with every level given to at least `min_share` of the pairs: start at the cut
-    points that reproduce the true level shares, then coordinate ascent, each cut point searched over quantiles of the observed values
-    between its neighbours. Deterministic; ties keep the earlier cut."""
+    points that reproduce the true level shares, then coordinate ascent, each cut point searched over
+    quantiles of the observed values between its neighbours. Deterministic; ties keep the earlier cut."""
     e = torch.tensor(expected, dtype=torch.float64)
     order = torch.sort(e).values
 

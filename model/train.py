@@ -34,8 +34,15 @@ from model.tokenizer import PairTokenizer
 log = logging.getLogger("qtrel.train")
 
 # Metrics that select the best checkpoint, and whether higher is better.
-SELECT = {"qwk": True, "accuracy": True, "macro_f1": True, "ndcg@10": True, "rmse_level": False,
-          "rmse_relevance": False, "loss": False}
+SELECT = {
+    "qwk": True,
+    "accuracy": True,
+    "macro_f1": True,
+    "ndcg@10": True,
+    "rmse_level": False,
+    "rmse_relevance": False,
+    "loss": False,
+}
 
 
 # Help for the options of `qtrel train`, which are generated from TrainArgs (so defaults live here only).
@@ -142,8 +149,9 @@ def train(args: TrainArgs) -> dict:
 
     train_ds = read_labelled(args.train_file, args.labels, args.label_column, args.label_map)
     dev_ds = read_labelled(args.dev_file, args.labels, args.label_column, args.label_map) if args.dev_file else None
-    log.info("train rows used: %d from %s%s", len(train_ds), args.train_file,
-             f"; dev rows: {len(dev_ds)}" if dev_ds else "")
+    log.info(
+        "train rows used: %d from %s%s", len(train_ds), args.train_file, f"; dev rows: {len(dev_ds)}" if dev_ds else ""
+    )
 
     if resume:
         module = load_module(last)
@@ -157,7 +165,7 @@ def train(args: TrainArgs) -> dict:
     n_epoch = len(epoch_data(train_ds, args, 0))  # the same count every epoch
     steps_per_epoch = math.ceil(n_epoch / args.batch_size)
     values = level_values(module.cfg.labels).to(device)
-    dev_neg = with_negatives(dev_ds, args.dev_negatives, seed=args.seed).examples[len(dev_ds):] if dev_ds else []
+    dev_neg = with_negatives(dev_ds, args.dev_negatives, seed=args.seed).examples[len(dev_ds) :] if dev_ds else []
     total = math.ceil(args.epochs * steps_per_epoch)
     if args.max_steps:
         total = min(total, args.max_steps)
@@ -165,10 +173,11 @@ def train(args: TrainArgs) -> dict:
 
     no_decay = ("bias", "norm")
     groups = [
-        {"params": [p for n, p in module.named_parameters() if not any(s in n for s in no_decay)],
-         "weight_decay": args.weight_decay},
-        {"params": [p for n, p in module.named_parameters() if any(s in n for s in no_decay)],
-         "weight_decay": 0.0},
+        {
+            "params": [p for n, p in module.named_parameters() if not any(s in n for s in no_decay)],
+            "weight_decay": args.weight_decay,
+        },
+        {"params": [p for n, p in module.named_parameters() if any(s in n for s in no_decay)], "weight_decay": 0.0},
     ]
     opt = torch.optim.AdamW(groups, lr=args.lr)
     sched = torch.optim.lr_scheduler.LambdaLR(
@@ -196,8 +205,15 @@ def train(args: TrainArgs) -> dict:
 
     def snapshot() -> None:
         save_checkpoint(module, tok, last)
-        torch.save({"optimizer": opt.state_dict(), "scheduler": sched.state_dict(), "state": state,
-                    "torch_rng": torch.get_rng_state()}, last / "trainer_state.pt")
+        torch.save(
+            {
+                "optimizer": opt.state_dict(),
+                "scheduler": sched.state_dict(),
+                "state": state,
+                "torch_rng": torch.get_rng_state(),
+            },
+            last / "trainer_state.pt",
+        )
 
     def run_eval() -> None:
         if dev_ds is None:
@@ -213,9 +229,12 @@ def train(args: TrainArgs) -> dict:
         better = state["best"] is None or (value > state["best"] if SELECT[args.select] else value < state["best"])
         state["history"].append({"step": state["step"], **{k: v for k, v in m.items() if isinstance(v, float)}})
         state["stale"] = 0 if better else state.get("stale", 0) + 1
-        log.info("step %d dev: %s%s", state["step"],
-                 " ".join(f"{k}={v:.4f}" for k, v in m.items() if isinstance(v, float)),
-                 "  (best)" if better else "")
+        log.info(
+            "step %d dev: %s%s",
+            state["step"],
+            " ".join(f"{k}={v:.4f}" for k, v in m.items() if isinstance(v, float)),
+            "  (best)" if better else "",
+        )
         if better:
             state["best"] = value
             save_checkpoint(module, tok, out)
@@ -245,22 +264,35 @@ def train(args: TrainArgs) -> dict:
             state.setdefault("losses", []).append(round(loss.item(), 5))
             if bar is not None:
                 bar.update(1)
-                bar.set_postfix(loss=f"{ema:.4f}", pairs_s=f"{seen / (time.perf_counter() - t0):.0f}",
-                                epoch=f"{state['step'] / steps_per_epoch:.2f}")
+                bar.set_postfix(
+                    loss=f"{ema:.4f}",
+                    pairs_s=f"{seen / (time.perf_counter() - t0):.0f}",
+                    epoch=f"{state['step'] / steps_per_epoch:.2f}",
+                )
             if state["step"] % eval_every == 0 or state["step"] == total:
                 run_eval()
             if state["step"] % args.save_every == 0 or state["step"] == total:
                 snapshot()
             if args.patience and state.get("stale", 0) >= args.patience:
-                log.info("early stop at step %d: %d evaluations without a better %s",
-                         state["step"], args.patience, args.select)
+                log.info(
+                    "early stop at step %d: %d evaluations without a better %s",
+                    state["step"],
+                    args.patience,
+                    args.select,
+                )
                 snapshot()
                 stop = True
             if state["step"] >= total or stop:
                 break
     if bar is not None:
         bar.close()
-    summary = {"steps": state["step"], "train_rows": len(train_ds), "best": state["best"],
-               "select": args.select, "history": state["history"], "seconds": time.perf_counter() - t0}
+    summary = {
+        "steps": state["step"],
+        "train_rows": len(train_ds),
+        "best": state["best"],
+        "select": args.select,
+        "history": state["history"],
+        "seconds": time.perf_counter() - t0,
+    }
     (out / "train_summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     return {**summary, "losses": state["losses"]}

@@ -42,8 +42,14 @@ def make_tiny_checkpoint(path: Path, seed: int = 0, **overrides) -> Path:
     from model.config import BertConfig
     from model.tokenizer import PairTokenizer
 
-    fields = dict(vocab_size=30522, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-                  intermediate_size=64, max_position_embeddings=128)
+    fields = dict(
+        vocab_size=30522,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=64,
+        max_position_embeddings=128,
+    )
     fields.update(overrides)
     module = BertForRelevance(BertConfig(**fields))
     module.init_weights(seed, std=0.2)  # larger than BERT's 0.02 so that outputs differ between pairs

@@ -29,17 +29,43 @@ STATS = TitleStats(["Cordless Drill Kit", "Wood Deck Stain 1 gal.", "Copper Pipe
 
 def test_tokens_keep_numbers_and_split_units():
     assert tokens("BEHR 1-gal. #SC-141 125v 1/2 in. x 1.9 ft.") == [
-        "behr", "1", "gal", "sc", "141", "125", "v", "1/2", "in", "x", "1.9", "ft",
+        "behr",
+        "1",
+        "gal",
+        "sc",
+        "141",
+        "125",
+        "v",
+        "1/2",
+        "in",
+        "x",
+        "1.9",
+        "ft",
     ]
     assert [stem(w) for w in ["drills", "batteries", "boxes", "glass", "sanding", "painted", "12s"]] == [
-        "drill", "battery", "box", "glass", "sand", "paint", "12s",
+        "drill",
+        "battery",
+        "box",
+        "glass",
+        "sand",
+        "paint",
+        "12s",
     ]
 
 
 def test_identical_pair_overlaps_fully():
     f = pair_features("Copper Pipe 1/2 in.", "Copper Pipe 1/2 in.", STATS)
-    for name in ("exact_overlap", "stem_overlap", "prefix_overlap", "compact_overlap", "idf_overlap",
-                 "char3_jaccard", "char3_containment", "number_match", "bigram_overlap"):
+    for name in (
+        "exact_overlap",
+        "stem_overlap",
+        "prefix_overlap",
+        "compact_overlap",
+        "idf_overlap",
+        "char3_jaccard",
+        "char3_containment",
+        "number_match",
+        "bigram_overlap",
+    ):
         assert f[name] == pytest.approx(1.0), name
     assert f["number_miss"] == 0 and f["first_match_pos"] == 0.0
     assert f["first_term_match"] == f["last_term_match"] == f["brand_match"] == 1.0
@@ -48,9 +74,21 @@ def test_identical_pair_overlaps_fully():
 
 def test_disjoint_pair_overlaps_nowhere():
     f = pair_features("garden hose 50 ft", "Cordless Drill Kit 18V", STATS)
-    for name in ("exact_overlap", "stem_overlap", "prefix_overlap", "compact_overlap", "idf_overlap",
-                 "bm25", "bm25_norm", "char3_jaccard", "number_match", "bigram_overlap",
-                 "first_term_match", "last_term_match", "brand_match"):
+    for name in (
+        "exact_overlap",
+        "stem_overlap",
+        "prefix_overlap",
+        "compact_overlap",
+        "idf_overlap",
+        "bm25",
+        "bm25_norm",
+        "char3_jaccard",
+        "number_match",
+        "bigram_overlap",
+        "first_term_match",
+        "last_term_match",
+        "brand_match",
+    ):
         assert f[name] == 0.0, name
     assert math.isnan(f["first_match_pos"])
     assert f["q_numbers"] == 1 and f["number_miss"] == 1
@@ -101,8 +139,9 @@ def test_beats_the_majority_class_on_real_data(homedepot):
     majority = counts.most_common(1)[0][0]
     prior_mean = sum((c + 1) * n for c, n in counts.items()) / len(train)  # the best constant score
     queries = [e.query for e in dev.examples]
-    ref = all_metrics(queries, dev.labels, [majority] * len(dev), [prior_mean] * len(dev), 5,
-                      [e.relevance for e in dev.examples])
+    ref = all_metrics(
+        queries, dev.labels, [majority] * len(dev), [prior_mean] * len(dev), 5, [e.relevance for e in dev.examples]
+    )
     assert m["accuracy"] > ref["accuracy"]
     assert m["macro_f1"] > ref["macro_f1"] + 0.1
     assert m["qwk"] > 0.1 > ref["qwk"]

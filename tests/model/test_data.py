@@ -14,8 +14,9 @@ LEVELS = ["1", "2", "3", "4", "5"]
 
 
 def write_jsonl(path, rows) -> None:
-    path.write_text("".join((r if isinstance(r, str) else json.dumps(r, ensure_ascii=False)) + "\n" for r in rows),
-                    encoding="utf-8")
+    path.write_text(
+        "".join((r if isinstance(r, str) else json.dumps(r, ensure_ascii=False)) + "\n" for r in rows), encoding="utf-8"
+    )
 
 
 def test_csv(tmp_path):
@@ -36,11 +37,14 @@ def test_csv(tmp_path):
 
 def test_json_lines(tmp_path):
     path = tmp_path / "dev.jsonl"
-    write_jsonl(path, [
-        {"id": 0, "query": "小孩咳嗽感冒", "title": "小孩感冒过后久咳嗽该吃什么药", "label": "1"},
-        {"id": 1, "query": "q", "title": "t", "label": 2},  # a number, not a string
-        {"id": 2, "query": "q", "title": "t", "label": 0.0},  # a whole float
-    ])
+    write_jsonl(
+        path,
+        [
+            {"id": 0, "query": "小孩咳嗽感冒", "title": "小孩感冒过后久咳嗽该吃什么药", "label": "1"},
+            {"id": 1, "query": "q", "title": "t", "label": 2},  # a number, not a string
+            {"id": 2, "query": "q", "title": "t", "label": 0.0},  # a whole float
+        ],
+    )
     ds = read_labelled(path, ["0", "1", "2"], label_column="label")
     assert ds.labels == [1, 2, 0]
     assert ds.examples[0].query == "小孩咳嗽感冒"
@@ -94,15 +98,18 @@ def test_missing_label_column_is_reported(tmp_path):
 
 def test_bad_json_lines_are_reported_with_file_and_line(tmp_path):
     path = tmp_path / "bad.jsonl"
-    write_jsonl(path, [
-        {"query": "q", "title": "t", "level": 3},  # line 1: fine
-        "",  # line 2: blank, skipped but counted
-        "{not json",  # line 3
-        '["a", "list"]',  # line 4
-        {"query": "q", "level": 3},  # line 5
-        {"query": "q", "title": "t", "level": 0},  # line 6
-        {"query": "q", "title": "t", "level": None},  # line 7
-    ])
+    write_jsonl(
+        path,
+        [
+            {"query": "q", "title": "t", "level": 3},  # line 1: fine
+            "",  # line 2: blank, skipped but counted
+            "{not json",  # line 3
+            '["a", "list"]',  # line 4
+            {"query": "q", "level": 3},  # line 5
+            {"query": "q", "title": "t", "level": 0},  # line 6
+            {"query": "q", "title": "t", "level": None},  # line 7
+        ],
+    )
     with pytest.raises(DataError) as e:
         read_labelled(path, LEVELS)
     msg = str(e.value)

@@ -88,8 +88,9 @@ def test_term_matching_heads_on_a_shared_word(model):
     ids, seg, att = reference(model, "drill", "drill bit")
     assert model.tokenizer.tokens(ids) == ["[CLS]", "drill", "[SEP]", "drill", "bit", "[SEP]"]
     # one shared token: query "drill" at 1, title "drill" at 3
-    want = sorted(((float(att[L][h][1, 3] + att[L][h][3, 1]) / 2, L, h) for L in range(2) for h in range(4)),
-                  reverse=True)[:3]
+    want = sorted(
+        ((float(att[L][h][1, 3] + att[L][h][3, 1]) / 2, L, h) for L in range(2) for h in range(4)), reverse=True
+    )[:3]
     got = out["term_matching_heads"]
     assert [(g["layer"], g["head"]) for g in got] == [(L, h) for _, L, h in want]
     for g, (s, L, h) in zip(got, want):

@@ -130,8 +130,7 @@ def broken_ops(how: str, monkeypatch) -> str:
 
 @pytest.mark.skipif(not can_pack(torch.float32), reason="torch built without oneDNN")
 @pytest.mark.parametrize("how", ["missing", "raising", "wrong numbers", "wrong shape"])
-def test_broken_private_ops_fall_back_to_the_plain_layers(tiny_checkpoint, unpacked, encoded, how, monkeypatch,
-                                                          caplog):
+def test_broken_private_ops_fall_back_to_the_plain_layers(tiny_checkpoint, unpacked, encoded, how, monkeypatch, caplog):
     reason = broken_ops(how, monkeypatch)
     assert probe(torch.float32).startswith(reason)
     with caplog.at_level(logging.WARNING, logger="qtrel.model"):

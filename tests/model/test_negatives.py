@@ -29,8 +29,14 @@ def test_never_draws_a_title_judged_for_the_same_query(train):
 
 def test_same_title_judged_under_another_spelling_of_the_query_is_excluded():
     # "Drill" and "drill " are the same query; the hammer is judged for it, so it is never its negative
-    ds = Dataset([Example("Drill", "DEWALT hammer", 4), Example("drill ", "cordless drill", 4),
-                  Example("hose", "garden hose", 4), Example("hose", "hose reel", 3)])
+    ds = Dataset(
+        [
+            Example("Drill", "DEWALT hammer", 4),
+            Example("drill ", "cordless drill", 4),
+            Example("hose", "garden hose", 4),
+            Example("hose", "hose reel", 3),
+        ]
+    )
     for seed in range(30):
         for n in sample_negatives(ds, 3.0, seed=seed):
             if n.query.strip().lower() == "drill":

@@ -36,11 +36,14 @@ def test_pack_lays_pairs_out_without_padding():
     assert p.cls.tolist() == [0, 6, 10, 13]
     assert p.positions[:n].tolist() == list(range(6)) + list(range(4)) + list(range(3)) + list(range(2))
     # Every real row is attended exactly once, by the group of its pair.
-    rows = torch.cat([g.gather.view(g.b, g.t).reshape(-1)[g.real] if g.real is not None else g.gather
-                      for g in p.groups])
+    rows = torch.cat(
+        [g.gather.view(g.b, g.t).reshape(-1)[g.real] if g.real is not None else g.gather for g in p.groups]
+    )
     assert rows.tolist() == list(range(n))
-    assert all(g.t * 0.8 <= min(len(ids[i]) for i in p.order[sum(x.b for x in p.groups[:k]):][:g.b].tolist())
-               for k, g in enumerate(p.groups))
+    assert all(
+        g.t * 0.8 <= min(len(ids[i]) for i in p.order[sum(x.b for x in p.groups[:k]) :][: g.b].tolist())
+        for k, g in enumerate(p.groups)
+    )
 
 
 def test_unpadded_batches_equal_padded_ones(tiny_checkpoint, unpacked):

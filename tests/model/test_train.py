@@ -53,8 +53,14 @@ def test_loss_goes_down(trained):
 
 def test_output_directory(trained, tiny_checkpoint):
     summary, out = trained
-    for name in ("config.json", "model.safetensors", "tokenizer.json", "training_args.json",
-                 "train_summary.json", "dev_metrics.json"):
+    for name in (
+        "config.json",
+        "model.safetensors",
+        "tokenizer.json",
+        "training_args.json",
+        "train_summary.json",
+        "dev_metrics.json",
+    ):
         assert (out / name).is_file(), name
     saved = json.loads((out / "training_args.json").read_text())
     assert saved["lr"] == 1e-3 and saved["max_steps"] == 30
@@ -129,8 +135,19 @@ def test_unknown_selection_metric(tiny_checkpoint, data, tmp_path):
 
 def test_negatives_and_the_ordinal_term_train_and_report_negatives(tiny_checkpoint, data, tmp_path):
     out = tmp_path / "out"
-    summary = train(args(tiny_checkpoint, data, out, max_steps=12, negatives=0.5, mse_weight=0.5,
-                         label_smoothing=0.1, dev_negatives=1.0, eval_every=6))
+    summary = train(
+        args(
+            tiny_checkpoint,
+            data,
+            out,
+            max_steps=12,
+            negatives=0.5,
+            mse_weight=0.5,
+            label_smoothing=0.1,
+            dev_negatives=1.0,
+            eval_every=6,
+        )
+    )
     # 256 judged + 128 negatives per epoch, batches of 16
     assert summary["steps"] == 12 and len(summary["losses"]) == 12
     last = summary["history"][-1]
@@ -152,8 +169,9 @@ def test_loss_has_the_expected_level_term():
     assert torch.allclose(loss_fn(logits, labels, values, TrainArgs("t", "b", "o")), ce)
 
 
-def test_continue_or_new_head_is_decided_by_the_weights_not_an_error_message(tiny_checkpoint, data, tmp_path,
-                                                                             monkeypatch):
+def test_continue_or_new_head_is_decided_by_the_weights_not_an_error_message(
+    tiny_checkpoint, data, tmp_path, monkeypatch
+):
     import model.checkpoint as ckpt
 
     # Rewording the load error must not change the decision (it once hinged on the message text).
