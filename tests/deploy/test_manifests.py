@@ -155,7 +155,7 @@ def _settings_cls():
 
 
 @pytest.mark.parametrize("where", ["Dockerfile", "compose", "k8s", "k8s-gpu"])
-def test_every_qtrel_variable_is_a_setting_with_a_valid_value(where, monkeypatch):
+def test_every_qtrel_variable_is_a_setting_with_a_valid_value(where, monkeypatch, tmp_path):
     settings_cls = _settings_cls()
     env = {"Dockerfile": dockerfile_env, "compose": compose_env, "k8s": container_env,
            "k8s-gpu": lambda: container_env("gpu")}[where]()
@@ -168,6 +168,9 @@ def test_every_qtrel_variable_is_a_setting_with_a_valid_value(where, monkeypatch
     for k, v in qtrel.items():
         # Compose's ${VAR:-default} interpolation: the default is what runs.
         monkeypatch.setenv(k, re.sub(r"\$\{\w+:-([^}]*)\}", r"\1", v.replace("${VARIANT}", "cpu")))
+    if "QTREL_API_KEYS_FILE" in qtrel:  # the Secret's mount point: a file with a key stands in for it
+        (tmp_path / "api-keys").write_text("test-key\n")
+        monkeypatch.setenv("QTREL_API_KEYS_FILE", str(tmp_path / "api-keys"))
     settings_cls()  # raises on a value the service would refuse
 
 
@@ -206,6 +209,30 @@ def test_pod_runs_as_the_image_user_with_threads_matching_its_cpus():
         env = container_env(variant)
         layout = int(env["QTREL_REPLICAS"]) * int(env["QTREL_THREADS"])
         assert layout == int(c["resources"]["limits"]["cpu"]), variant
+
+
+def test_api_keys_come_from_the_secret_mounted_read_only_and_the_probes_need_none(tmp_path):
+    spec = deployment()["spec"]["template"]["spec"]
+    c = spec["containers"][0]
+    path = container_env()["QTREL_API_KEYS_FILE"]
+    secret = yaml.safe_load((K8S / "base" / "secret-api-keys.yaml").read_text())
+    assert secret["kind"] == "Secret"
+    assert "secret-api-keys.yaml" in yaml.safe_load((K8S / "base" / "kustomization.yaml").read_text())["resources"]
+    volume = next(v for v in spec["volumes"] if v.get("secret", {}).get("secretName") == secret["metadata"]["name"])
+    mount = next(m for m in c["volumeMounts"] if m["name"] == volume["name"])
+    assert mount["readOnly"] and path == f"{mount['mountPath']}/{next(iter(secret['stringData']))}"
+    for variant in ("", "gpu"):  # the overlay keeps the key file
+        assert container_env(variant)["QTREL_API_KEYS_FILE"] == path
+    for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+        assert c[probe]["httpGet"]["path"].startswith("/health/") and "httpHeaders" not in c[probe]["httpGet"]
+    # As shipped the Secret holds no key, so the service refuses to start (fails closed) until one is put in.
+    settings_cls = _settings_cls()
+    keys = tmp_path / "api-keys"
+    keys.write_text(next(iter(secret["stringData"].values())))
+    with pytest.raises(ValueError, match="holds no key"):
+        settings_cls(api_keys_file=str(keys))
+    keys.write_text(keys.read_text() + "a-real-key\n")
+    assert settings_cls(api_keys_file=str(keys)).keys == ("a-real-key",)
 
 
 def test_selectors_match_the_pod_labels():
