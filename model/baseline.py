@@ -21,6 +21,7 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -207,7 +208,7 @@ class LexicalBaseline:
         self.threads = threads
         self.stats: TitleStats | None = None
         self.source: TrainSource | None = None
-        self._clf = None
+        self._clf: Any = None  # a fitted sklearn HistGradientBoostingClassifier (untyped), or None
 
     @property
     def k(self) -> int:

@@ -10,7 +10,9 @@ Each module also has a `forward_packed` for inference without padding: the batch
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, cast
 
 import torch
 import torch.nn.functional as F
@@ -18,6 +20,9 @@ from torch import Tensor, nn
 
 from model.config import BertConfig
 from model.packing import Packing, pack
+
+if TYPE_CHECKING:
+    from model.kernels import PackedLinear
 
 
 def activation(name: str):
@@ -68,9 +73,10 @@ class SelfAttention(nn.Module):
         self.query = nn.Linear(cfg.hidden_size, inner)
         self.key = nn.Linear(cfg.hidden_size, inner)
         self.value = nn.Linear(cfg.hidden_size, inner)
-        self.out = nn.Linear(inner, cfg.hidden_size)
+        # PackedLinear after model.kernels.pack_for_cpu() (which also deletes query, key and value)
+        self.out: nn.Linear | PackedLinear = nn.Linear(inner, cfg.hidden_size)
         self.dropout_p = cfg.attention_probs_dropout_prob
-        self.qkv: nn.Module | None = None  # fused q/k/v projection, set by model.kernels.pack_for_cpu()
+        self.qkv: PackedLinear | None = None  # fused q/k/v projection, set by model.kernels.pack_for_cpu()
 
     def forward(
         self, x: Tensor, bias: Tensor, head_mask: Tensor | None, return_probs: bool
@@ -122,10 +128,11 @@ class Layer(nn.Module):
         super().__init__()
         self.attn = SelfAttention(cfg, heads)
         self.attn_norm = nn.LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps)
-        self.up = nn.Linear(cfg.hidden_size, cfg.intermediate_size)
+        # up and down: PackedLinear after model.kernels.pack_for_cpu()
+        self.up: nn.Linear | PackedLinear = nn.Linear(cfg.hidden_size, cfg.intermediate_size)
         self.act_name = cfg.hidden_act
         self.act = activation(cfg.hidden_act)
-        self.down = nn.Linear(cfg.intermediate_size, cfg.hidden_size)
+        self.down: nn.Linear | PackedLinear = nn.Linear(cfg.intermediate_size, cfg.hidden_size)
         self.ffn_norm = nn.LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps)
         self.dropout = nn.Dropout(cfg.hidden_dropout_prob)
 
@@ -174,13 +181,18 @@ class BertEncoder(nn.Module):
         bias = (1.0 - attention_mask[:, None, None, :].to(x.dtype)) * torch.finfo(x.dtype).min
         attentions: list[Tensor] | None = [] if output_attentions else None
         self._check_head_mask(head_mask)
-        for i, layer in enumerate(self.layers):
+        for i, layer in enumerate(self.blocks):
             hm = None if head_mask is None else head_mask[i, layer.attn.heads].to(x.device)
             x, probs = layer(x, bias, hm, output_attentions)
             if attentions is not None:
                 attentions.append(probs)
         pooled = self.pooler(x) if self.pooler is not None else None
         return EncoderOutput(hidden=x, pooled=pooled, attentions=attentions)
+
+    @property
+    def blocks(self) -> list[Layer]:
+        """`layers`, typed: to a type checker an nn.ModuleList holds plain Modules."""
+        return cast("list[Layer]", list(self.layers))
 
     def _check_head_mask(self, head_mask: Tensor | None) -> None:
         want = (self.cfg.num_hidden_layers, self.cfg.num_attention_heads)
@@ -192,7 +204,7 @@ class BertEncoder(nn.Module):
         in packed order."""
         self._check_head_mask(head_mask)
         x = self.embeddings.forward_packed(p)
-        for i, layer in enumerate(self.layers):
+        for i, layer in enumerate(self.blocks):
             hm = None if head_mask is None else head_mask[i, layer.attn.heads].to(x.device)
             x = layer.forward_packed(x, p, hm)
         cls = x.index_select(0, p.cls)
@@ -224,7 +236,10 @@ class BertForRelevance(nn.Module):
         return self.classifier(self.dropout(cls)), out.attentions
 
     def forward_packed(
-        self, input_ids: list[list[int]], token_type_ids: list[list[int]], head_mask: Tensor | None = None
+        self,
+        input_ids: Sequence[Sequence[int]],
+        token_type_ids: Sequence[Sequence[int]],
+        head_mask: Tensor | None = None,
     ) -> Tensor:
         """Inference on variable-length pairs without padding -> (B, num_labels) logits, in input order.
         Equal to `forward` on the padded batch (float32: to ~1e-6)."""

@@ -118,8 +118,9 @@ class RelevanceModel:
             module = module.to(self.device, DTYPES[dtype])
         # The oneDNN kernel layer rests on private torch ops: probed here, the plain layers where it fails.
         self.cpu_kernels = "plain"  # what describe() reports: onednn-packed, plain, or plain (probe failed: ...)
-        if fast and dtype != "int8" and self.device.type == "cpu" and can_pack(DTYPES[dtype]):
-            failure = probe(DTYPES[dtype])
+        torch_dtype = DTYPES[dtype]  # None for int8
+        if fast and torch_dtype is not None and self.device.type == "cpu" and can_pack(torch_dtype):
+            failure = probe(torch_dtype)
             if failure is None:
                 self.cpu_kernels = "onednn-packed"
             else:

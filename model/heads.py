@@ -141,7 +141,7 @@ def term_matching_scores(model: RelevanceModel, ds: Dataset, max_pairs: int = 50
             n_src = len(set(src.tolist()))
             for la, a in enumerate(att):  # a: (B, nh, T, T), nh = heads kept in this layer
                 mass = a[row][:, src, dst].float().sum(-1) / n_src  # (nh,)
-                heads = model.module.bert.layers[la].attn.heads
+                heads = model.module.bert.blocks[la].attn.heads
                 total[la, heads] += mass.cpu()
             count += 1
     return (total / max(count, 1)).tolist()
@@ -192,7 +192,7 @@ def gradient_importance(
         (g,) = torch.autograd.grad(loss, mask)
         imp += g.abs()
     module.train(was_training)
-    for la, layer in enumerate(module.bert.layers):
+    for la, layer in enumerate(module.bert.blocks):
         gone = [h for h in range(cfg.num_attention_heads) if h not in layer.attn.heads]
         imp[la, gone] = 0
     return imp.detach()
@@ -201,14 +201,14 @@ def gradient_importance(
 def prune_order(importance: Tensor, module: BertForRelevance) -> list[tuple[int, int]]:
     """Present heads from least to most important (layer-normalised importance, as in Michel et al.)."""
     norm = importance / importance.norm(dim=1, keepdim=True).clamp_min(1e-12)
-    present = [(la, h) for la, layer in enumerate(module.bert.layers) for h in layer.attn.heads]
+    present = [(la, h) for la, layer in enumerate(module.bert.blocks) for h in layer.attn.heads]
     return sorted(present, key=lambda lh: norm[lh[0], lh[1]].item())
 
 
 def heads_to_remove(order: list[tuple[int, int]], module: BertForRelevance, n: int) -> list[tuple[int, int]]:
     """The first `n` heads of `order` (least important first) that leave at least one head per layer."""
-    left = {la: len(layer.attn.heads) for la, layer in enumerate(module.bert.layers)}
-    out = []
+    left = {la: len(layer.attn.heads) for la, layer in enumerate(module.bert.blocks)}
+    out: list[tuple[int, int]] = []
     for la, h in order:
         if len(out) == n:
             break
@@ -226,8 +226,8 @@ def prune_heads(module: BertForRelevance, remove: list[tuple[int, int]]) -> Bert
     pruned = {la: set(v) for la, v in cfg.pruned_heads.items()}
     for la, h in remove:
         pruned.setdefault(la, set()).add(h)
-    for la, hs in pruned.items():
-        if len(hs) >= cfg.num_attention_heads:
+    for la, gone in pruned.items():
+        if len(gone) >= cfg.num_attention_heads:
             raise ValueError(f"cannot remove every head of layer {la}")
     new_cfg = replace(cfg, pruned_heads={la: sorted(v) for la, v in pruned.items() if v})
     new = BertForRelevance(new_cfg, with_pooler=module.bert.pooler is not None)
@@ -239,8 +239,8 @@ def prune_heads(module: BertForRelevance, remove: list[tuple[int, int]]) -> Bert
             value.copy_(old)
             continue
         la = int(key.split(".")[2])  # bert.layers.{i}.attn...
-        old_heads = module.bert.layers[la].attn.heads
-        keep = [old_heads.index(h) for h in new.bert.layers[la].attn.heads]
+        old_heads = module.bert.blocks[la].attn.heads
+        keep = [old_heads.index(h) for h in new.bert.blocks[la].attn.heads]
         idx = torch.cat([torch.arange(p * hs, (p + 1) * hs) for p in keep])
         if ".attn.out.weight" in key:
             value.copy_(old[:, idx])

@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from model.bert import Layer
+from model.bert import BertForRelevance, Layer
 from model.packing import token_buckets
 
 # Tolerances of the probe: oneDNN and torch's default kernels accumulate in different orders.
@@ -98,14 +98,15 @@ def pack_for_cpu(model: nn.Module) -> None:
 
 
 @torch.inference_mode()
-def warm_linear_shapes(module: nn.Module, max_tokens: int) -> int:
+def warm_linear_shapes(module: BertForRelevance, max_tokens: int) -> int:
     """Run every distinct linear layer of the encoder once per token bucket up to `max_tokens`, so that
     oneDNN's kernels for those shapes exist before the first request. Returns the shapes warmed."""
-    seen: dict[tuple, tuple[nn.Module, int]] = {}
+    seen: dict[tuple, tuple[nn.Linear | PackedLinear, int]] = {}
     for m in module.modules():
         if isinstance(m, Layer):
             a = m.attn
-            for lin in ([a.qkv] if a.qkv is not None else [a.query, a.key, a.value]) + [a.out, m.up, m.down]:
+            lins: list[nn.Linear | PackedLinear] = [a.qkv] if a.qkv is not None else [a.query, a.key, a.value]
+            for lin in lins + [a.out, m.up, m.down]:
                 fan_in = lin.weight_in if isinstance(lin, PackedLinear) else lin.in_features
                 seen.setdefault((type(lin), fan_in, lin.out_features, getattr(lin, "act", None)), (lin, fan_in))
     ref = module.bert.embeddings.word.weight

@@ -107,8 +107,9 @@ def all_metrics(
         "per_level": per_class(y_true, y_pred, k),
         "confusion": confusion(y_true, y_pred, k),
     }
-    if relevance is not None and all(r is not None for r in relevance):
+    known = [r for r in relevance if r is not None] if relevance is not None else []
+    if relevance is not None and len(known) == len(relevance):  # every pair has a relevance
         # Home Depot's 1..3 scale: relevance ~ 1 + (E[level] - 1) / 2 for five levels.
         span = (k - 1) / 2
-        out["rmse_relevance"] = rmse([1 + (s - 1) / span for s in scores], relevance)  # type: ignore[arg-type]
+        out["rmse_relevance"] = rmse([1 + (s - 1) / span for s in scores], known)
     return out

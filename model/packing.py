@@ -7,6 +7,7 @@ pairs of similar length. The layers' `forward_packed` methods (model.bert) consu
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -59,8 +60,8 @@ def token_buckets(max_tokens: int) -> list[int]:
 
 
 def pack(
-    input_ids: list[list[int]],
-    token_type_ids: list[list[int]],
+    input_ids: Sequence[Sequence[int]],
+    token_type_ids: Sequence[Sequence[int]],
     device: torch.device,
     dtype: torch.dtype,
     ratio: float = 0.8,

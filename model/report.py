@@ -113,6 +113,7 @@ def confusion_png(results: Mapping[str, dict], labels: Sequence[str], path: str 
         ax.set_xlabel("predicted level")
         ax.set_ylabel("true level")
         ax.set_title(f"{name}\nacc {m['accuracy']:.3f}  qwk {m['qwk']:.3f}  macro-F1 {m['macro_f1']:.3f}", fontsize=9)
+    assert image is not None  # at least one panel: fig.subplots refuses zero columns
     fig.colorbar(image, ax=list(axes), shrink=0.8, label="fraction of the true level's row")
     if title:
         fig.suptitle(title, fontsize=10)

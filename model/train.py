@@ -18,6 +18,7 @@ import random
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any, NotRequired, TypedDict
 
 import torch
 import torch.nn.functional as F
@@ -134,6 +135,16 @@ def loss_fn(logits: Tensor, labels: Tensor, values: Tensor, args: TrainArgs) -> 
     return loss
 
 
+class TrainState(TypedDict):
+    """The loop's progress, saved in trainer_state.pt: a plain dict, so that it loads with weights_only."""
+
+    step: int
+    best: float | None  # the best value of args.select so far
+    history: list[dict[str, Any]]  # one entry per evaluation: step and the float metrics
+    stale: NotRequired[int]  # evaluations since the last better one
+    losses: NotRequired[list[float]]  # the loss of every step
+
+
 def train(args: TrainArgs) -> dict:
     if args.select not in SELECT:
         raise ValueError(f"--select must be one of {sorted(SELECT)}")
@@ -183,7 +194,7 @@ def train(args: TrainArgs) -> dict:
     sched = torch.optim.lr_scheduler.LambdaLR(
         opt, lambda s: s / max(1, warmup) if s < warmup else max(0.0, (total - s) / max(1, total - warmup))
     )
-    state = {"step": 0, "best": None, "history": []}
+    state: TrainState = {"step": 0, "best": None, "history": []}
     if resume:
         saved = torch.load(last / "trainer_state.pt", map_location="cpu", weights_only=True)
         opt.load_state_dict(saved["optimizer"])

@@ -261,7 +261,7 @@ def test_bad_input_raises_a_clear_error(tok, queries, titles, message):
 
 def test_unknown_truncation(tok):
     with pytest.raises(TokenizerError, match="truncation must be one of"):
-        tok.encode(["q"], ["t"], truncation="only_first")  # type: ignore[arg-type]
+        tok.encode(["q"], ["t"], truncation="only_first")  # type: ignore[arg-type]  # deliberately not a Truncation
 
 
 def test_empty_batch(tok):
