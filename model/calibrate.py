@@ -53,7 +53,9 @@ def fit_temperature(logits: Tensor, labels: Tensor, lo: float = 0.05, hi: float 
     return math.exp((a + b) / 2)
 
 
-def fit_vector_scaling(logits: Tensor, labels: Tensor, weights: Tensor | None = None, iters: int = 200) -> tuple[float, Tensor]:
+def fit_vector_scaling(
+    logits: Tensor, labels: Tensor, weights: Tensor | None = None, iters: int = 200
+) -> tuple[float, Tensor]:
     """Temperature T and a bias per level b minimising weighted cross-entropy of logits / T + b (a
     diagonal-free variant of Guo et al.'s vector scaling: it corrects the level prior as well as the
     confidence). LBFGS on (log T, b); convex in b for fixed T and well behaved in practice."""
@@ -70,7 +72,7 @@ def fit_vector_scaling(logits: Tensor, labels: Tensor, weights: Tensor | None = 
         return loss
 
     opt.step(closure)
-    return float(log_t.exp()), (b - b.mean()).detach()
+    return float(log_t.detach().exp()), (b - b.mean()).detach()
 
 
 @torch.no_grad()
@@ -113,32 +115,54 @@ def crossfit_qwk(ds: Dataset, expected: Tensor, k: int, min_share: float, seed: 
     return quadratic_kappa(y, pred, k)
 
 
-def calibrate(model_dir: str | Path, data_file: str | Path, out: str | Path, cuts: bool = True,
-              min_share: float = 0.02) -> dict:
-    """Fit the temperature (and, with `cuts`, the level rule) on `data_file`; write the checkpoint to `out`."""
+def calibrate(
+    model_dir: str | Path,
+    data_file: str | Path,
+    out: str | Path,
+    cuts: bool = True,
+    min_share: float = 0.02,
+    bias: bool = False,
+) -> dict:
+    """Fit the temperature (with `bias`, also a bias per level: vector scaling) and, with `cuts`, the
+    level rule on `data_file`; write the checkpoint to `out`."""
     module = load_module(model_dir)
     # float32 on cpu, not packed: the model scores with `module` itself, which is then folded and saved
     model = RelevanceModel(module, PairTokenizer.from_dir(model_dir), fast=False)
     ds = read_labelled(data_file, model.labels)
     logits = dataset_logits(model, ds)
     y = torch.tensor(ds.labels)
-    t = fit_temperature(logits, y)
+    if bias:
+        t, b = fit_vector_scaling(logits, y)
+    else:
+        t, b = fit_temperature(logits, y), torch.zeros(logits.shape[1])
     before = torch.nn.functional.cross_entropy(logits, y).item()
-    after = torch.nn.functional.cross_entropy(logits / t, y).item()
-    fold_temperature(module, t)
-    report = {"temperature": round(t, 4), "log_loss_before": round(before, 4), "log_loss_after": round(after, 4),
-              "pairs": len(ds), "out": str(out)}
+    logits = logits / t + b
+    after = torch.nn.functional.cross_entropy(logits, y).item()
+    fold_temperature(module, t)  # head / T, then + b: the same logits as above
+    if bias:
+        fold_bias(module, b)
+    report = {
+        "temperature": round(t, 4),
+        "log_loss_before": round(before, 4),
+        "log_loss_after": round(after, 4),
+        "pairs": len(ds),
+        "out": str(out),
+    }
+    if bias:
+        report["level_bias"] = [round(x, 4) for x in b.tolist()]
     if cuts:
         k = len(model.labels)
-        expected = score_logits(logits / t, model.values, LevelRule()).expected
+        expected = score_logits(logits, model.values, LevelRule()).expected
         rule = LevelRule(fit_cuts(expected.tolist(), ds.labels, k, min_share))
         set_level_rule(module, rule)
-        argmax = score_logits(logits / t, model.values, LevelRule()).level.tolist()
-        report.update({
-            "level_cuts": list(rule.to_extra().values())[0],
-            "qwk_argmax": round(quadratic_kappa(ds.labels, argmax, k), 4),
-            "qwk_cuts": round(quadratic_kappa(ds.labels, rule.levels(torch.empty(0), expected).tolist(), k), 4),
-            "qwk_cuts_crossfit": round(crossfit_qwk(ds, expected, k, min_share), 4),
-        })
+        argmax = score_logits(logits, model.values, LevelRule()).level.tolist()
+        report.update(
+            {
+                "level_cuts": list(rule.to_extra().values())[0],
+                "qwk_argmax": round(quadratic_kappa(ds.labels, argmax, k), 4),
+                "qwk_cuts": round(quadratic_kappa(ds.labels, rule.levels(torch.empty(0), expected).tolist(), k), 4),
+                "qwk_cuts_crossfit": round(crossfit_qwk(ds, expected, k, min_share), 4),
+            }
+        )
     save_checkpoint(module, model.tokenizer, out)
     return report

@@ -321,13 +321,15 @@ def _add_calibrate(sub) -> None:
     p.add_argument("data", help="held-out labelled file (not the training file)")
     p.add_argument("--out", required=True)
     p.add_argument("--no-cuts", action="store_true", help="keep argmax: do not fit the level rule's cut points")
+    p.add_argument("--bias", action="store_true",
+                   help="also fit a bias per level (vector scaling): corrects the level prior, e.g. after negatives")
     p.add_argument("--min-share", type=float, default=0.02, help="least share of pairs each level must be given")
 
 
 def _cmd_calibrate(a) -> int:
     from model.calibrate import calibrate
 
-    print(json.dumps(calibrate(a.model, a.data, a.out, cuts=not a.no_cuts, min_share=a.min_share)))
+    print(json.dumps(calibrate(a.model, a.data, a.out, cuts=not a.no_cuts, min_share=a.min_share, bias=a.bias)))
     return 0
 
 
