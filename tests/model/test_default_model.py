@@ -1,0 +1,56 @@
+"""The shipped models grade as their model card says: unrelated titles low, every level in use, the level
+rule stored in the checkpoint. Real weights, real data; a handful of seconds per model."""
+
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+
+import pytest
+import torch
+
+from model.classifier import RelevanceModel
+from model.data import read_labelled
+from model.evaluate import metrics_of, negatives_report, score_dataset
+from model.negatives import sample_negatives
+from tests.conftest import shared_data
+
+ROOT = Path(__file__).resolve().parent.parent.parent
+OFF_DOMAIN = ROOT / "tests" / "data" / "off_domain_titles.csv"
+SHIPPED = ["default", "pruned"]
+
+
+@pytest.fixture(scope="module", params=SHIPPED)
+def shipped(request) -> RelevanceModel:
+    return RelevanceModel.load(ROOT / "model" / request.param)
+
+
+def test_titles_from_other_shops_are_graded_unrelated(shipped):
+    with OFF_DOMAIN.open(encoding="utf-8") as f:
+        pairs = [(r["query"], r["title"]) for r in csv.DictReader(f)]
+    got = shipped.predict(pairs)
+    bad = [(q, t, p.level, round(p.score, 2)) for (q, t), p in zip(pairs, got) if p.level not in ("1", "2")]
+    # docs/model-card.md: 39 of the 40 are graded 1-2 by the default; the catalogue's negatives teach
+    # "another product", not "another shop", so a miss or two is the honest expectation
+    assert len(bad) <= 2, bad
+    assert max(p.score for p in got) < 3.5
+
+
+def test_the_quick_start_example(shipped):
+    drill, hose = shipped.predict([("cordless drill", "DEWALT 20V MAX Cordless Drill/Driver Kit"),
+                                   ("cordless drill", "50 ft. Garden Hose")])
+    assert drill.level in ("4", "5") and hose.level in ("1", "2") and drill.score > hose.score + 1.0
+
+
+def test_the_level_rule_is_stored_and_every_level_is_used_on_dev(shipped):
+    dev = shared_data("homedepot", "dev.csv")
+    assert shipped.rule.cuts is not None
+    ds = read_labelled(dev, shipped.labels)
+    ds.examples = ds.examples[:2000]
+    scored = score_dataset(shipped, ds.examples)
+    shares = torch.bincount(scored.level, minlength=5).double() / len(ds)
+    assert (shares >= 0.015).all(), shares.tolist()  # >= 2% on the whole of dev (docs/model-card.md)
+    assert metrics_of(ds, scored)["qwk"] > 0.4
+    negs = sample_negatives(ds, 0.5, seed=0)
+    neg = negatives_report(ds, scored, negs, score_dataset(shipped, negs))
+    assert neg["level12_share"] >= 0.93 and neg["auc"] >= 0.97, neg
