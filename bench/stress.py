@@ -1,0 +1,418 @@
+"""Bounded stress scenarios against a real `qtrel serve` process on loopback (issue 12): fuzzed input,
+overload, SIGTERM under load, slow and vanishing clients. Each scenario starts its own server on the
+built-in model (or --model), runs for seconds, prints one JSON line of counts and writes them to
+--out (default /tmp/qtrel-stress.json). docs/reliability.md quotes the figures and these commands.
+
+  python bench/stress.py overload --seconds 20
+  python bench/stress.py sigterm
+  python bench/stress.py slow --seconds 20
+  python bench/stress.py fuzz --examples 200      # schemathesis against the live OpenAPI schema
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+ROOT = Path(__file__).resolve().parents[1]
+WORDS = (
+    "cordless drill dewalt 20v battery kit hammer screwdriver bosch makita brushless impact driver "
+    "ladder paint white interior gallon faucet kitchen chrome pull-down tile saw wet cutter outdoor "
+    "light led solar path fence post cedar garden hose reel"
+).split()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def title(rng: random.Random) -> str:
+    return " ".join(rng.choice(WORDS) for _ in range(rng.randint(4, 14)))
+
+
+class Server:
+    def __init__(self, model: str, *extra: str):
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        cmd = [
+            sys.executable,
+            "-m",
+            "service.cli",
+            "serve",
+            "--model",
+            model,
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+            "--log-level",
+            "warning",
+            *extra,
+        ]
+        self.proc = subprocess.Popen(
+            cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
+        )  # its own process group: survivors are findable
+
+    def wait_ready(self, timeout: float = 120) -> float:
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < timeout:
+            if self.proc.poll() is not None:
+                raise SystemExit(f"server exited with {self.proc.returncode}")
+            try:
+                if httpx.get(self.url + "/health/ready", timeout=1).status_code == 200:
+                    return time.monotonic() - t0
+            except httpx.TransportError:
+                pass
+            time.sleep(0.1)
+        raise SystemExit("server never became ready")
+
+    def metric(self, name: str) -> float:
+        total = 0.0
+        for line in httpx.get(self.url + "/metrics", timeout=5).text.splitlines():
+            if line.startswith(name + " ") or line.startswith(name + "{"):
+                total += float(line.rsplit(" ", 1)[1])
+        return total
+
+    def survivors(self) -> int:
+        """Processes of the server's group still alive (model processes, multiprocessing helpers)."""
+        n = 0
+        for d in Path("/proc").iterdir():
+            if d.name.isdigit():
+                try:
+                    fields = (d / "stat").read_text().rsplit(")", 1)[1].split()
+                except OSError:
+                    continue
+                if int(fields[2]) == self.proc.pid and fields[0] != "Z":  # pgid, state
+                    n += 1
+        return n
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(60)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+
+
+def pct(xs: list[float], q: float) -> float | None:
+    if not xs:
+        return None
+    xs = sorted(xs)
+    return round(xs[min(len(xs) - 1, int(q * len(xs)))] * 1000, 1)
+
+
+# --- overload -------------------------------------------------------------------------------------
+async def overload(a) -> dict:
+    srv = Server(a.model, "--max-queue-pairs", str(a.queue_pairs), "--max-pairs-per-request", "50")
+    try:
+        srv.wait_ready()
+        rng = random.Random(0)
+        statuses: dict[int, int] = {}
+        accepted: list[float] = []
+        retry_after_missing = 0
+        peak_in_flight = 0.0
+        stop = time.monotonic() + a.seconds
+
+        async def client(c: httpx.AsyncClient):
+            nonlocal retry_after_missing
+            while time.monotonic() < stop:
+                body = {"query": title(rng), "titles": [title(rng) for _ in range(50)]}
+                t0 = time.perf_counter()
+                r = await c.post(srv.url + "/score", json=body)
+                statuses[r.status_code] = statuses.get(r.status_code, 0) + 1
+                if r.status_code == 200:
+                    accepted.append(time.perf_counter() - t0)
+                elif r.status_code == 429:
+                    retry_after_missing += "retry-after" not in r.headers
+                    await asyncio.sleep(0.05)  # a client that backs off a little, not per Retry-After
+
+        async def watch():
+            nonlocal peak_in_flight
+            async with httpx.AsyncClient(timeout=5) as c:
+                while time.monotonic() < stop:
+                    for line in (await c.get(srv.url + "/metrics")).text.splitlines():
+                        if line.startswith("qtrel_pairs_in_flight "):
+                            peak_in_flight = max(peak_in_flight, float(line.split()[1]))
+                    await asyncio.sleep(0.2)
+
+        limits = httpx.Limits(max_connections=a.clients)
+        async with httpx.AsyncClient(timeout=60, limits=limits) as c:
+            await asyncio.gather(watch(), *(client(c) for _ in range(a.clients)))
+        await asyncio.sleep(0.5)
+        return {
+            "scenario": "overload",
+            "seconds": a.seconds,
+            "clients": a.clients,
+            "pairs_per_request": 50,
+            "max_queue_pairs": a.queue_pairs,
+            "statuses": statuses,
+            "refused_share": round(statuses.get(429, 0) / max(1, sum(statuses.values())), 3),
+            "429_without_retry_after": retry_after_missing,
+            "accepted_p50_ms": pct(accepted, 0.5),
+            "accepted_p99_ms": pct(accepted, 0.99),
+            "accepted_pairs_per_s": round(len(accepted) * 50 / a.seconds, 1),
+            "peak_pairs_in_flight": peak_in_flight,
+            "in_flight_after": srv.metric("qtrel_pairs_in_flight"),
+        }
+    finally:
+        srv.stop()
+
+
+# --- SIGTERM under load -------------------------------------------------------------------------
+async def sigterm(a) -> dict:
+    srv = Server(a.model, "--drain-timeout-s", str(a.drain), "--request-timeout-ms", "120000")
+    try:
+        srv.wait_ready()
+        rng = random.Random(1)
+        results: list[int | str] = []
+        signalled = asyncio.Event()
+
+        async def client(c: httpx.AsyncClient):
+            while not signalled.is_set():
+                body = {"query": title(rng), "titles": [title(rng) for _ in range(50)]}
+                try:
+                    r = await c.post(srv.url + "/score", json=body)
+                    results.append(r.status_code)
+                except httpx.TransportError as e:
+                    results.append(type(e).__name__)
+
+        async with httpx.AsyncClient(timeout=120, limits=httpx.Limits(max_connections=a.clients)) as c:
+            tasks = [asyncio.create_task(client(c)) for _ in range(a.clients)]
+            await asyncio.sleep(a.load_s)
+            before = len(results)
+            t0 = time.monotonic()
+            srv.proc.send_signal(signal.SIGTERM)
+            signalled.set()  # every client's current request was sent before the signal: all must answer
+            ready_after = None
+            async with httpx.AsyncClient(timeout=1) as probe:
+                try:
+                    r = await probe.get(srv.url + "/health/ready")
+                    ready_after = r.status_code
+                except httpx.TransportError as e:
+                    ready_after = type(e).__name__  # the listener closed: no new work either way
+            ready_s = time.monotonic() - t0
+            await asyncio.gather(*tasks)
+        in_flight_at_signal = len(results) - before
+        rc = await asyncio.to_thread(srv.proc.wait, a.drain + 15)
+        exit_s = time.monotonic() - t0
+        late = results[before:]
+        return {
+            "scenario": "sigterm",
+            "clients": a.clients,
+            "pairs_per_request": 50,
+            "drain_timeout_s": a.drain,
+            "requests_before_signal": before,
+            "in_flight_at_signal": in_flight_at_signal,
+            "answered_200": late.count(200),
+            "lost": sum(1 for x in late if x != 200),
+            "lost_detail": [x for x in late if x != 200],
+            "readiness_right_after": ready_after,
+            "readiness_checked_after_ms": round(ready_s * 1000, 1),
+            "exit_code": rc,
+            "exit_after_s": round(exit_s, 2),
+            "surviving_processes": srv.survivors(),
+        }
+    finally:
+        srv.stop()
+
+
+# --- slow and vanishing clients -----------------------------------------------------------------
+async def slowloris(port: int, open_conns: list, stop: float, body_len: int = 4000):
+    """Headers at once, then a body a byte a second (never finished within the window)."""
+    try:
+        r, w = await asyncio.open_connection("127.0.0.1", port)
+    except OSError:
+        return
+    open_conns.append(w)
+    w.write(
+        f"POST /score HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {body_len}\r\n\r\n".encode()
+    )
+    sent = 0
+    try:
+        while time.monotonic() < stop and sent < body_len:
+            w.write(b" ")
+            await w.drain()
+            sent += 1
+            await asyncio.sleep(1.0)
+    except (ConnectionError, OSError):
+        open_conns.remove(w)
+        return
+
+
+async def slow(a) -> dict:
+    srv = Server(a.model)
+    try:
+        srv.wait_ready()
+        rng = random.Random(2)
+
+        async def ordinary(c: httpx.AsyncClient, seconds: float) -> tuple[list[float], dict]:
+            lat, st = [], {}
+            end = time.monotonic() + seconds
+            while time.monotonic() < end:
+                t0 = time.perf_counter()
+                r = await c.post(srv.url + "/score", json={"query": title(rng), "titles": [title(rng)]})
+                st[r.status_code] = st.get(r.status_code, 0) + 1
+                lat.append(time.perf_counter() - t0)
+            return lat, st
+
+        async def vanishing(stop: float, counter: list[int]):
+            """Send a 200-title request and hang up 50 ms later, again and again."""
+            while time.monotonic() < stop:
+                async with httpx.AsyncClient(timeout=0.05) as c:
+                    try:
+                        await c.post(
+                            srv.url + "/score", json={"query": title(rng), "titles": [title(rng) for _ in range(200)]}
+                        )
+                    except httpx.TimeoutException:
+                        counter[0] += 1
+                await asyncio.sleep(0.05)
+
+        async with httpx.AsyncClient(timeout=30) as c:
+            base = await asyncio.gather(*(ordinary(c, a.seconds / 2) for _ in range(4)))
+            base_lat = [x for lat, _ in base for x in lat]
+            open_conns: list = []
+            hung_up = [0]
+            stop = time.monotonic() + a.seconds
+            during = asyncio.gather(*(ordinary(c, a.seconds) for _ in range(4)))
+            attackers = [asyncio.create_task(slowloris(srv.port, open_conns, stop)) for _ in range(a.slow_conns)]
+            vanish = [asyncio.create_task(vanishing(stop, hung_up)) for _ in range(a.vanishing)]
+            res = await during
+            open_at_end = len(open_conns)
+            for t in attackers + vanish:
+                t.cancel()
+            await asyncio.gather(*attackers, *vanish, return_exceptions=True)
+            for w in open_conns:
+                w.close()
+        dur_lat = [x for lat, _ in res for x in lat]
+        statuses: dict = {}
+        for _, st in res:
+            for k, v in st.items():
+                statuses[k] = statuses.get(k, 0) + v
+        await asyncio.sleep(1.0)
+        return {
+            "scenario": "slow",
+            "seconds": a.seconds,
+            "slow_body_connections": a.slow_conns,
+            "slow_connections_still_open_at_end": open_at_end,
+            "vanishing_clients": a.vanishing,
+            "requests_abandoned_by_vanishing_clients": hung_up[0],
+            "ordinary_baseline_p50_ms": pct(base_lat, 0.5),
+            "ordinary_baseline_p99_ms": pct(base_lat, 0.99),
+            "ordinary_during_p50_ms": pct(dur_lat, 0.5),
+            "ordinary_during_p99_ms": pct(dur_lat, 0.99),
+            "ordinary_requests_during": len(dur_lat),
+            "ordinary_statuses_during": statuses,
+            "dropped_pairs_disconnected": srv.metric("qtrel_dropped_pairs_total"),
+            "rejected_disconnected": srv.metric("qtrel_rejected_total"),
+            "queue_depth_after": srv.metric("qtrel_queue_depth"),
+            "in_flight_after": srv.metric("qtrel_pairs_in_flight"),
+        }
+    finally:
+        srv.stop()
+
+
+# --- fuzz ---------------------------------------------------------------------------------------
+def fuzz(a) -> dict:
+    srv = Server(a.model)
+    try:
+        srv.wait_ready()
+        st = Path(sys.executable).with_name("st")
+        cmd = [
+            str(st),
+            "run",
+            srv.url + "/openapi.json",
+            "--checks",
+            "not_a_server_error",
+            "--max-examples",
+            str(a.examples),
+            "--workers",
+            "2",
+            "--no-color",
+        ]
+        before = _statuses(srv, by_route=True)  # the start-up's 503s from wait_ready's polling
+        t0 = time.monotonic()
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=a.timeout)
+        ready = httpx.get(srv.url + "/health/ready", timeout=5).status_code
+        five = sum(v for k, v in _statuses(srv).items() if k.startswith("5"))  # 503 on /health/* is readiness
+        ok = httpx.post(srv.url + "/score", json={"query": "drill", "titles": ["cordless drill"]}, timeout=10)
+        return {
+            "scenario": "fuzz",
+            "command": " ".join(cmd[1:]),
+            "rc": out.returncode,
+            "seconds": round(time.monotonic() - t0, 1),
+            "server_5xx": five,
+            "requests": sum(_statuses(srv).values()),
+            "statuses": _statuses(srv),
+            "5xx_by_route_during_fuzz": {k: v - before.get(k, 0) for k, v in _statuses(srv, by_route=True).items()
+                                         if v - before.get(k, 0)},
+            "startup_503_before_fuzz": before,
+            "worker_restarts": srv.metric("qtrel_worker_restarts_total"),
+            "batches_failed": srv.metric("qtrel_batches_failed_total"),
+            "ready_after": ready,
+            "score_after": ok.status_code,
+            "summary": out.stdout[-3000:],
+        }
+    finally:
+        srv.stop()
+
+
+def _statuses(srv: Server, by_route: bool = False) -> dict[str, float]:
+    """Requests by status (or 5xx by route and status) from the server's own counter."""
+    out: dict[str, float] = {}
+    for line in httpx.get(srv.url + "/metrics", timeout=5).text.splitlines():
+        if line.startswith("qtrel_requests_total{") and 'route="/metrics"' not in line:
+            status = line.split('status="', 1)[1].split('"', 1)[0]
+            route = line.split('route="', 1)[1].split('"', 1)[0]
+            if by_route and not status.startswith("5"):
+                continue
+            key = f"{route} {status}" if by_route else status
+            out[key] = out.get(key, 0) + float(line.rsplit(" ", 1)[1])
+    return out
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("scenario", choices=["overload", "sigterm", "slow", "fuzz"])
+    p.add_argument("--model", default="builtin:default")
+    p.add_argument("--seconds", type=float, default=20)
+    p.add_argument("--clients", type=int, default=32)
+    p.add_argument("--queue-pairs", type=int, default=400)
+    p.add_argument("--drain", type=float, default=30)
+    p.add_argument("--load-s", type=float, default=5)
+    p.add_argument("--slow-conns", type=int, default=200)
+    p.add_argument("--vanishing", type=int, default=8)
+    p.add_argument("--examples", type=int, default=100)
+    p.add_argument("--timeout", type=float, default=300)
+    p.add_argument("--out", default="/tmp/qtrel-stress.json")
+    a = p.parse_args()
+    if a.scenario == "fuzz":
+        res = fuzz(a)
+    else:
+        res = asyncio.run({"overload": overload, "sigterm": sigterm, "slow": slow}[a.scenario](a))
+    res["command"] = res.get("command") or "python bench/stress.py " + " ".join(sys.argv[1:])
+    print(json.dumps({k: v for k, v in res.items() if k != "summary"}))
+    if "summary" in res:
+        print(res["summary"])
+    path = Path(a.out)
+    prev = json.loads(path.read_text()) if path.exists() else {}
+    prev[a.scenario] = res
+    path.write_text(json.dumps(prev, indent=1))
+
+
+if __name__ == "__main__":
+    main()
