@@ -32,9 +32,24 @@ from service.worker import Worker
 log = logging.getLogger("qtrel.http")
 
 # Route label values for metrics; anything else is "other", so label cardinality stays bounded.
-KNOWN_ROUTES = {"/score", "/predict", "/rerank", "/explain", "/explain/view", "/health/live", "/health/ready",
-                "/livez", "/readyz", "/metrics", "/info", "/docs", "/openapi.json", "/v1/rerank", "/v2/rerank",
-                "/tokenize"}
+KNOWN_ROUTES = {
+    "/score",
+    "/predict",
+    "/rerank",
+    "/explain",
+    "/explain/view",
+    "/health/live",
+    "/health/ready",
+    "/livez",
+    "/readyz",
+    "/metrics",
+    "/info",
+    "/docs",
+    "/openapi.json",
+    "/v1/rerank",
+    "/v2/rerank",
+    "/tokenize",
+}
 QUIET_ROUTES = {"/health/live", "/health/ready", "/livez", "/readyz", "/metrics"}
 # Routers whose every route needs `Authorization: Bearer <key>` when API keys are set (require_api_key):
 # scoring, /info and, added in create_app, /explain. A new router of scoring or model routes goes here.
@@ -55,8 +70,13 @@ class Lifecycle:
 def build_engine(settings: Settings, metrics: Metrics, tracing: Tracing | None = None) -> Engine:
     """Resolve the runtime once and wire the parts: worker (the model), batcher (the queue), engine."""
     runtime = resolve_runtime(settings)
-    worker = Worker(runtime.load_spec(settings), mode=runtime.worker, replicas=runtime.replicas, observer=metrics,
-                    batch_timeout_s=settings.batch_timeout_s)
+    worker = Worker(
+        runtime.load_spec(settings),
+        mode=runtime.worker,
+        replicas=runtime.replicas,
+        observer=metrics,
+        batch_timeout_s=settings.batch_timeout_s,
+    )
     batcher = Batcher(
         worker.run,
         max_batch_tokens=settings.max_batch_tokens,
@@ -112,8 +132,13 @@ class EdgeMiddleware:
             self.metrics.requests.labels(route, str(status)).inc()
             self.metrics.request_seconds.labels(route).observe(dt)
             if route not in QUIET_ROUTES or status >= 400:
-                log.info("%s %s %d", scope["method"], path, status,
-                         extra={"status": status, "ms": round(dt * 1000, 2), "route": route})
+                log.info(
+                    "%s %s %d",
+                    scope["method"],
+                    path,
+                    status,
+                    extra={"status": status, "ms": round(dt * 1000, 2), "route": route},
+                )
             request_id.reset(token)
 
     def _declared_too_big(self, headers) -> bool:
@@ -151,8 +176,9 @@ class EdgeMiddleware:
         return replay
 
 
-def create_app(settings: Settings | None = None, lifecycle: Lifecycle | None = None,
-               tracing: Tracing | None = None) -> FastAPI:
+def create_app(
+    settings: Settings | None = None, lifecycle: Lifecycle | None = None, tracing: Tracing | None = None
+) -> FastAPI:
     settings = settings or Settings()
     tracing = tracing or tracing_from_env()  # off unless the OTEL_* environment asks (service.tracing)
     lifecycle = lifecycle or Lifecycle()

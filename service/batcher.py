@@ -57,8 +57,15 @@ class BatchTracer(Protocol):
     """Told each traced batch's timings (monotonic seconds) after it ran; `traces` are the opaque contexts
     given to `submit`, aligned with `enqueued` and `lengths`. service.tracing turns them into spans."""
 
-    def batch(self, traces: Sequence[Any], enqueued: Sequence[float], started: float, ended: float,
-              lengths: Sequence[int], error: BaseException | None) -> None: ...
+    def batch(
+        self,
+        traces: Sequence[Any],
+        enqueued: Sequence[float],
+        started: float,
+        ended: float,
+        lengths: Sequence[int],
+        error: BaseException | None,
+    ) -> None: ...
 
 
 @dataclass(eq=False)
@@ -144,8 +151,9 @@ class Batcher:
         if tokens and self._outstanding_tokens + tokens > self.max_queue_tokens:
             raise Overloaded("tokens", self.retry_after())
 
-    def submit(self, work: Sequence[tuple[int, Any]], deadline: float | None = None,
-               trace: Any = None) -> list[asyncio.Future]:
+    def submit(
+        self, work: Sequence[tuple[int, Any]], deadline: float | None = None, trace: Any = None
+    ) -> list[asyncio.Future]:
         """Queue (length, payload) items; returns one future per item, resolved with its result. `trace`:
         an opaque context handed back to the tracer with this work's batch timings."""
         if any(length > self.max_batch_tokens for length, _ in work):
@@ -297,7 +305,13 @@ class Batcher:
     def _trace(self, batch: list[Item], started: float, ended: float, error: BaseException | None) -> None:
         assert self._tracer is not None
         try:
-            self._tracer.batch([it.trace for it in batch], [it.enqueued for it in batch], started, ended,
-                               [it.length for it in batch], error)
+            self._tracer.batch(
+                [it.trace for it in batch],
+                [it.enqueued for it in batch],
+                started,
+                ended,
+                [it.length for it in batch],
+                error,
+            )
         except Exception as e:  # tracing never fails a batch
             log.warning("batch tracer failed: %s", e)

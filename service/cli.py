@@ -21,7 +21,9 @@ def _add_train(sub) -> None:
     p.add_argument("train_file", help="CSV or JSON lines with query, title and a graded label")
     p.add_argument("--base", help="encoder or qtrel checkpoint directory (default: the MiniLM base)")
     p.add_argument("--out", dest="output_dir", required=True, help="output checkpoint directory")
-    p.add_argument("--dev", dest="dev_file", help="labelled dev file for periodic evaluation and best-checkpoint keeping")
+    p.add_argument(
+        "--dev", dest="dev_file", help="labelled dev file for periodic evaluation and best-checkpoint keeping"
+    )
     p.add_argument("--labels", default="1,2,3,4,5", help="levels, comma-separated, in class order")
     p.add_argument("--label-map", help='JSON mapping from file values to levels, e.g. \'{"0":"1","1":"3"}\'')
     p.add_argument("--no-progress", dest="progress", action="store_false")
@@ -30,8 +32,12 @@ def _add_train(sub) -> None:
         if f.name in special:
             continue
         assert f.default is not MISSING, f.name
-        p.add_argument("--" + f.name.replace("_", "-"), type=type(f.default), default=f.default,
-                       help=HELP.get(f.name, "") + f" (default {f.default})")
+        p.add_argument(
+            "--" + f.name.replace("_", "-"),
+            type=type(f.default),
+            default=f.default,
+            help=HELP.get(f.name, "") + f" (default {f.default})",
+        )
 
 
 def _cmd_train(a) -> int:
@@ -88,8 +94,13 @@ def serve(settings) -> int:
             super().handle_exit(sig, frame)
 
     config = uvicorn.Config(
-        app, host=settings.host, port=settings.port, log_config=None, log_level=settings.log_level,
-        timeout_graceful_shutdown=int(settings.drain_timeout_s) or None, access_log=False,
+        app,
+        host=settings.host,
+        port=settings.port,
+        log_config=None,
+        log_level=settings.log_level,
+        timeout_graceful_shutdown=int(settings.drain_timeout_s) or None,
+        access_log=False,
     )
     from service.runtime import quiet_gc
 
@@ -129,9 +140,13 @@ def _add_eval(sub) -> None:
     p.add_argument("--max-length", type=int, default=128, help="tokens per pair (as in training)")
     p.add_argument("--max-batch-tokens", type=int, default=8192, help="padded tokens per forward pass")
     p.add_argument("--baseline-train", help="also fit the lexical baseline on this file and report it alongside")
-    p.add_argument("--negatives", type=float, default=1.0,
-                   help="also grade this many sampled negatives per pair (titles of the file judged only for other "
-                        "queries); 0: none")
+    p.add_argument(
+        "--negatives",
+        type=float,
+        default=1.0,
+        help="also grade this many sampled negatives per pair (titles of the file judged only for other "
+        "queries); 0: none",
+    )
     p.add_argument("--seed", type=int, default=0, help="seed of the negatives")
 
 
@@ -143,8 +158,10 @@ def _add_baseline(sub) -> None:
 
 
 def _add_report_options(p) -> None:
-    p.add_argument("--labels", help="levels, comma-separated, in class order (eval: default the model's; "
-                   "baseline: default 1,2,3,4,5)")
+    p.add_argument(
+        "--labels",
+        help="levels, comma-separated, in class order (eval: default the model's; baseline: default 1,2,3,4,5)",
+    )
     p.add_argument("--label-column", default="level")
     p.add_argument("--label-map", help='JSON mapping from file values to levels, e.g. \'{"0":"1","1":"3"}\'')
     p.add_argument("--png", help="write a confusion-matrix figure here")
@@ -230,8 +247,14 @@ def _cmd_eval(a) -> int:
         return _fail(a, e)
     judged = score_dataset(model, ds.examples, a.max_batch_tokens)
     results = {"model": metrics_of(ds, judged)}
-    systems = {"model": {"checkpoint": a.model_dir, "device": str(model.device), "dtype": model.dtype,
-                         "level_rule": model.rule.name}}
+    systems = {
+        "model": {
+            "checkpoint": a.model_dir,
+            "device": str(model.device),
+            "dtype": model.dtype,
+            "level_rule": model.rule.name,
+        }
+    }
     negatives = {}
     if a.negatives:
         negs = sample_negatives(ds, a.negatives, seed=a.seed)
@@ -272,8 +295,16 @@ def _cmd_heads(a) -> int:
     from model.heads_run import EXPERIMENTS, run
 
     exps = EXPERIMENTS if a.experiments == "all" else tuple(x.strip() for x in a.experiments.split(","))
-    res = run(a.model, a.data, a.out, limit=a.limit, seeds=a.seeds, experiments=exps,
-              progress=not a.no_progress, threads=a.threads)
+    res = run(
+        a.model,
+        a.data,
+        a.out,
+        limit=a.limit,
+        seeds=a.seeds,
+        experiments=exps,
+        progress=not a.no_progress,
+        threads=a.threads,
+    )
     from model.heads_run import summary
 
     print(json.dumps(summary(res), indent=2))
@@ -303,8 +334,12 @@ def _add_export(sub) -> None:
     p = sub.add_parser("export", help="re-save a checkpoint (e.g. as float16 weights) under a model id")
     p.add_argument("model", help="checkpoint directory")
     p.add_argument("out", help="output directory")
-    p.add_argument("--dtype", choices=["float32", "float16", "bfloat16"], default="float16",
-                   help="storage precision of the weights (the model still runs in the precision asked at load)")
+    p.add_argument(
+        "--dtype",
+        choices=["float32", "float16", "bfloat16"],
+        default="float16",
+        help="storage precision of the weights (the model still runs in the precision asked at load)",
+    )
     p.add_argument("--model-id", help="name reported by the service (config key qtrel_model_id)")
 
 
@@ -316,13 +351,18 @@ def _cmd_export(a) -> int:
 
 
 def _add_calibrate(sub) -> None:
-    p = sub.add_parser("calibrate", help="fit a temperature (log-loss) and the level cut points (QWK) on a held-out labelled file")
+    p = sub.add_parser(
+        "calibrate", help="fit a temperature (log-loss) and the level cut points (QWK) on a held-out labelled file"
+    )
     p.add_argument("model", help="checkpoint directory")
     p.add_argument("data", help="held-out labelled file (not the training file)")
     p.add_argument("--out", required=True)
     p.add_argument("--no-cuts", action="store_true", help="keep argmax: do not fit the level rule's cut points")
-    p.add_argument("--bias", action="store_true",
-                   help="also fit a bias per level (vector scaling): corrects the level prior, e.g. after negatives")
+    p.add_argument(
+        "--bias",
+        action="store_true",
+        help="also fit a bias per level (vector scaling): corrects the level prior, e.g. after negatives",
+    )
     p.add_argument("--min-share", type=float, default=0.02, help="least share of pairs each level must be given")
 
 
@@ -351,9 +391,17 @@ def main(argv: list[str] | None = None) -> int:
     from model.data import DataError
 
     try:
-        return {"serve": _cmd_serve, "train": _cmd_train, "eval": _cmd_eval, "baseline": _cmd_baseline,
-                "heads": _cmd_heads, "prune": _cmd_prune, "export": _cmd_export,
-                "calibrate": _cmd_calibrate, "score": _cmd_score}[a.command](a)
+        return {
+            "serve": _cmd_serve,
+            "train": _cmd_train,
+            "eval": _cmd_eval,
+            "baseline": _cmd_baseline,
+            "heads": _cmd_heads,
+            "prune": _cmd_prune,
+            "export": _cmd_export,
+            "calibrate": _cmd_calibrate,
+            "score": _cmd_score,
+        }[a.command](a)
     except (DataError, CheckpointError) as e:
         print(f"qtrel {a.command}: {e}", file=sys.stderr)
         return 2

@@ -47,8 +47,9 @@ def key_matches(given: str, keys: tuple[str, ...]) -> bool:
     return ok
 
 
-async def require_api_key(request: Request,
-                          credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]) -> None:
+async def require_api_key(
+    request: Request, credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]
+) -> None:
     """`Authorization: Bearer <key>` with one of the settings' keys; 401 otherwise. No keys: open.
     app.py applies it to every router in its protected group."""
     keys = request.state.settings.keys

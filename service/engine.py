@@ -52,8 +52,15 @@ class Tokenized:
 
 
 class Engine:
-    def __init__(self, settings: Settings, runtime: Runtime, worker: Worker, batcher: Batcher, metrics: Metrics,
-                 tracing: Tracing | None = None):
+    def __init__(
+        self,
+        settings: Settings,
+        runtime: Runtime,
+        worker: Worker,
+        batcher: Batcher,
+        metrics: Metrics,
+        tracing: Tracing | None = None,
+    ):
         self.settings = settings
         self.tracing = tracing or Tracing()  # off: every call a no-op
         self.runtime = runtime
@@ -162,7 +169,8 @@ class Engine:
                 enc = tok.encode(queries, titles, truncation=truncation, side=side)  # type: ignore[arg-type]
             else:
                 enc = await asyncio.get_running_loop().run_in_executor(
-                    self._tok_pool, lambda: tok.encode(queries, titles, truncation=truncation, side=side)  # type: ignore[arg-type]
+                    self._tok_pool,
+                    lambda: tok.encode(queries, titles, truncation=truncation, side=side),  # type: ignore[arg-type]
                 )
             span.set_attribute("qtrel.tokens", sum(enc.lengths))
         self.metrics.tokenize_seconds.observe(time.perf_counter() - t0)
@@ -173,8 +181,9 @@ class Engine:
                 f"input {i} is longer than the model's {model.max_length} tokens; set truncate=true",
             )
         try:
-            futures = self.batcher.submit(list(zip(enc.lengths, zip(enc.input_ids, enc.token_type_ids))), deadline,
-                                          trace=self.tracing.context())
+            futures = self.batcher.submit(
+                list(zip(enc.lengths, zip(enc.input_ids, enc.token_type_ids))), deadline, trace=self.tracing.context()
+            )
         except Overloaded as e:
             self.metrics.rejected.labels("overloaded").inc()
             raise ServiceError(ErrorKind.OVERLOADED, str(e), retry_after=e.retry_after) from None
@@ -198,8 +207,9 @@ class Engine:
             self.metrics.levels.labels(model.labels[o.level]).inc()
         return Scored(list(outputs), enc, model.labels, model.name)
 
-    async def tokenize(self, queries: list[str], titles: list[str], truncation: str = "only_second",
-                       side: str = "right") -> Tokenized:
+    async def tokenize(
+        self, queries: list[str], titles: list[str], truncation: str = "only_second", side: str = "right"
+    ) -> Tokenized:
         """The pairs' tokens under these truncation options, and their lengths before truncation."""
         model = self._model()
         tok = model.tokenizer
@@ -208,8 +218,14 @@ class Engine:
             enc = tok.encode(queries, titles, truncation=truncation, side=side)  # type: ignore[arg-type]
             uniq = list(dict.fromkeys(queries))
             qtok = dict(zip(uniq, map(tok.tokens, tok.encode_texts(uniq))))
-            return Tokenized(enc, [tok.tokens(ids) for ids in enc.input_ids], [qtok[q] for q in queries],
-                             [tok.tokens(ids) for ids in tok.encode_texts(titles)], model.max_length, model.name)
+            return Tokenized(
+                enc,
+                [tok.tokens(ids) for ids in enc.input_ids],
+                [qtok[q] for q in queries],
+                [tok.tokens(ids) for ids in tok.encode_texts(titles)],
+                model.max_length,
+                model.name,
+            )
 
         if len(queries) <= INLINE_PAIRS:
             return work()

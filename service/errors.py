@@ -63,8 +63,7 @@ def error_response(kind: ErrorKind, message: str, retry_after: float | None = No
     headers = dict(HEADERS.get(kind, {}))
     if retry_after is not None:
         headers["Retry-After"] = str(max(1, round(retry_after)))
-    return JSONResponse({"error": message, "error_type": kind.value}, status_code=STATUS[kind],
-                        headers=headers or None)
+    return JSONResponse({"error": message, "error_type": kind.value}, status_code=STATUS[kind], headers=headers or None)
 
 
 def _validation_message(exc: RequestValidationError) -> tuple[ErrorKind, str]:
@@ -90,10 +89,12 @@ def install(app: FastAPI) -> None:
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(_: Request, exc: StarletteHTTPException):
-        kind = {401: ErrorKind.UNAUTHORIZED, 404: ErrorKind.NOT_FOUND, 405: ErrorKind.METHOD,
-                400: ErrorKind.BAD_REQUEST}.get(
-            exc.status_code, ErrorKind.BAD_REQUEST
-        )
+        kind = {
+            401: ErrorKind.UNAUTHORIZED,
+            404: ErrorKind.NOT_FOUND,
+            405: ErrorKind.METHOD,
+            400: ErrorKind.BAD_REQUEST,
+        }.get(exc.status_code, ErrorKind.BAD_REQUEST)
         return error_response(kind, str(exc.detail))
 
     @app.exception_handler(Exception)

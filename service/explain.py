@@ -68,15 +68,17 @@ class MatchingHead(BaseModel):
     layer: int
     head: int
     score: float = Field(description="mean of the two directions below")
-    query_to_title: float = Field(description="mean over query tokens found in the title of their attention to "
-                                              "those identical title tokens")
+    query_to_title: float = Field(
+        description="mean over query tokens found in the title of their attention to those identical title tokens"
+    )
     title_to_query: float
 
 
 class Occlusion(BaseModel):
     replacement: str
-    attribution: list[float | None] = Field(description="score drop when the token alone is replaced; null for "
-                                                        "special tokens")
+    attribution: list[float | None] = Field(
+        description="score drop when the token alone is replaced; null for special tokens"
+    )
 
 
 class ExplainResponse(BaseModel):
@@ -91,7 +93,8 @@ class ExplainResponse(BaseModel):
     term_matching_heads: list[MatchingHead]
     occlusion: Occlusion
     attention: list[list[list[list[float]] | None]] | None = Field(
-        None, description="[layer][head][from][to], 4 decimals; null for a pruned head")
+        None, description="[layer][head][from][to], 4 decimals; null for a pruned head"
+    )
 
 
 class RateLimiter:
@@ -142,10 +145,12 @@ def explain_routers(settings: Settings) -> tuple[APIRouter, APIRouter]:
         wait = limiter.take()
         if wait is not None:
             metrics.rejected.labels("rate_limited").inc()
-            raise ServiceError(ErrorKind.RATE_LIMITED,
-                               f"at most {settings.explain_per_minute} explanations a minute", retry_after=wait)
-        out = await engine.explain(body.query, body.title, truncation=body.truncation, top_heads=body.top_heads,
-                                   attention=body.attention)
+            raise ServiceError(
+                ErrorKind.RATE_LIMITED, f"at most {settings.explain_per_minute} explanations a minute", retry_after=wait
+            )
+        out = await engine.explain(
+            body.query, body.title, truncation=body.truncation, top_heads=body.top_heads, attention=body.attention
+        )
         # Full attention matrices make large bodies: serialise off the event loop.
         content = await asyncio.to_thread(json.dumps, out, separators=(",", ":"))
         return Response(content, media_type="application/json")

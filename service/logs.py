@@ -32,8 +32,9 @@ class JsonFormatter(logging.Formatter):
 
 def configure(level: str = "info", as_json: bool = True) -> None:
     handler = logging.StreamHandler()
-    handler.setFormatter(JsonFormatter() if as_json else logging.Formatter(
-        "%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    handler.setFormatter(
+        JsonFormatter() if as_json else logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
+    )
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())

@@ -21,37 +21,53 @@ class Metrics:
         self.request_seconds = Histogram(
             "qtrel_request_duration_seconds", "HTTP request duration", ["route"], buckets=LATENCY, registry=r
         )
-        self.queue_seconds = Histogram("qtrel_queue_seconds", "Time a pair waits in the queue", buckets=LATENCY,
-                                       registry=r)
-        self.tokenize_seconds = Histogram("qtrel_tokenize_seconds", "Tokenisation time per request",
-                                          buckets=LATENCY, registry=r)
-        self.inference_seconds = Histogram("qtrel_inference_seconds", "Forward pass time per batch",
-                                           buckets=LATENCY, registry=r)
+        self.queue_seconds = Histogram(
+            "qtrel_queue_seconds", "Time a pair waits in the queue", buckets=LATENCY, registry=r
+        )
+        self.tokenize_seconds = Histogram(
+            "qtrel_tokenize_seconds", "Tokenisation time per request", buckets=LATENCY, registry=r
+        )
+        self.inference_seconds = Histogram(
+            "qtrel_inference_seconds", "Forward pass time per batch", buckets=LATENCY, registry=r
+        )
         self.batch_pairs = Histogram("qtrel_batch_pairs", "Pairs per batch", buckets=BATCH_PAIRS, registry=r)
-        self.batch_tokens = Histogram("qtrel_batch_tokens", "Padded tokens per batch (longest x pairs)",
-                                      buckets=BATCH_TOKENS, registry=r)
-        self.padding_ratio = Histogram("qtrel_batch_padding_ratio", "Share of a batch's tokens that are padding",
-                                       buckets=RATIO, registry=r)
+        self.batch_tokens = Histogram(
+            "qtrel_batch_tokens", "Padded tokens per batch (longest x pairs)", buckets=BATCH_TOKENS, registry=r
+        )
+        self.padding_ratio = Histogram(
+            "qtrel_batch_padding_ratio", "Share of a batch's tokens that are padding", buckets=RATIO, registry=r
+        )
         self.queue_depth = Gauge("qtrel_queue_depth", "Pairs waiting in the queue", registry=r)
         self.in_flight = Gauge("qtrel_pairs_in_flight", "Pairs admitted and not finished", registry=r)
         self.pairs = Counter("qtrel_pairs", "Pairs scored", registry=r)
         self.rejected = Counter("qtrel_rejected", "Requests refused or abandoned, by reason", ["reason"], registry=r)
-        self.dropped_pairs = Counter("qtrel_dropped_pairs", "Queued pairs dropped before the device, by reason",
-                                     ["reason"], registry=r)
+        self.dropped_pairs = Counter(
+            "qtrel_dropped_pairs", "Queued pairs dropped before the device, by reason", ["reason"], registry=r
+        )
         self.levels = Counter("qtrel_predicted_level", "Predicted levels", ["level"], registry=r)
-        self.worker_restarts = Counter("qtrel_worker_restarts", "Model processes restarted, by reason: died "
-                                       "(it exited) or timeout (the watchdog killed it)", ["reason"], registry=r)
+        self.worker_restarts = Counter(
+            "qtrel_worker_restarts",
+            "Model processes restarted, by reason: died (it exited) or timeout (the watchdog killed it)",
+            ["reason"],
+            registry=r,
+        )
         for reason in ("died", "timeout"):
             self.worker_restarts.labels(reason)
-        self.batches_retried = Counter("qtrel_batches_retried", "Batches retried because their model process "
-                                       "died or was killed", registry=r)
-        self.batches_failed = Counter("qtrel_batches_failed", "Batches whose requests failed, by reason: "
-                                      "process_died (twice) or error (the model raised)", ["reason"], registry=r)
+        self.batches_retried = Counter(
+            "qtrel_batches_retried", "Batches retried because their model process died or was killed", registry=r
+        )
+        self.batches_failed = Counter(
+            "qtrel_batches_failed",
+            "Batches whose requests failed, by reason: process_died (twice) or error (the model raised)",
+            ["reason"],
+            registry=r,
+        )
         for reason in ("process_died", "error"):
             self.batches_failed.labels(reason)
         self.ready = Gauge("qtrel_ready", "1 when the model is loaded, warmed up and not draining", registry=r)
-        self.model_info = Gauge("qtrel_model_info", "Model being served", ["model", "device", "dtype", "version"],
-                                registry=r)
+        self.model_info = Gauge(
+            "qtrel_model_info", "Model being served", ["model", "device", "dtype", "version"], registry=r
+        )
 
     # BatchObserver, called by the batcher
     def queued(self, items: int, in_flight: int) -> None:

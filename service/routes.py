@@ -43,8 +43,9 @@ def check_limits(s: Settings, queries: list[str], titles: list[str]) -> None:
                 )
 
 
-async def score_watched(request: Request, engine: Engine, settings: Settings, metrics: Metrics, queries, titles,
-                        timeout_ms, **kw) -> Scored:
+async def score_watched(
+    request: Request, engine: Engine, settings: Settings, metrics: Metrics, queries, titles, timeout_ms, **kw
+) -> Scored:
     """Score, dropping the work if the client disconnects before it is done."""
     check_limits(settings, queries, titles)
     task = asyncio.ensure_future(engine.score(queries, titles, timeout_ms=timeout_ms, **kw))
@@ -59,17 +60,29 @@ async def score_watched(request: Request, engine: Engine, settings: Settings, me
 
 
 @router.post("/score", response_model=ScoreResponse, responses=ERRORS, tags=["scoring"])
-async def score(body: ScoreRequest, request: Request, engine: EngineDep, settings: SettingsDep,
-                metrics: MetricsDep, timeout_ms: TimeoutHeader = None):
+async def score(
+    body: ScoreRequest,
+    request: Request,
+    engine: EngineDep,
+    settings: SettingsDep,
+    metrics: MetricsDep,
+    timeout_ms: TimeoutHeader = None,
+):
     """Grade each (query, title) pair: level, expected-level score, probabilities per level."""
     queries, titles = body.as_pairs()
-    scored = await score_watched(request, engine, settings, metrics, queries, titles, timeout_ms,
-                                 truncation=body.truncation)
+    scored = await score_watched(
+        request, engine, settings, metrics, queries, titles, timeout_ms, truncation=body.truncation
+    )
     labels = scored.labels
     results = []
     for i, (out, n, cut) in enumerate(zip(scored.outputs, scored.enc.lengths, scored.enc.truncated)):
-        r: dict[str, Any] = {"index": i, "level": labels[out.level], "score": out.expected, "tokens": n,
-             "truncated": cut}
+        r: dict[str, Any] = {
+            "index": i,
+            "level": labels[out.level],
+            "score": out.expected,
+            "tokens": n,
+            "truncated": cut,
+        }
         if body.return_probs:
             r["probs"] = dict(zip(labels, out.probs))
         results.append(r)
@@ -78,14 +91,31 @@ async def score(body: ScoreRequest, request: Request, engine: EngineDep, setting
     return JSONResponse({"model": scored.model, "results": results})
 
 
-@router.post("/predict", response_model=list[Prediction] | list[list[Prediction]], responses=ERRORS,
-             tags=["text-embeddings-inference"])
-async def predict(body: PredictRequest, request: Request, engine: EngineDep, settings: SettingsDep,
-                  metrics: MetricsDep, timeout_ms: TimeoutHeader = None):
+@router.post(
+    "/predict",
+    response_model=list[Prediction] | list[list[Prediction]],
+    responses=ERRORS,
+    tags=["text-embeddings-inference"],
+)
+async def predict(
+    body: PredictRequest,
+    request: Request,
+    engine: EngineDep,
+    settings: SettingsDep,
+    metrics: MetricsDep,
+    timeout_ms: TimeoutHeader = None,
+):
     """TEI-compatible: per input, every level with its probability (or logit with raw_scores), best first."""
     queries, titles = body.as_pairs()
     scored = await score_watched(
-        request, engine, settings, metrics, queries, titles, timeout_ms, side=body.truncation_direction.lower(),
+        request,
+        engine,
+        settings,
+        metrics,
+        queries,
+        titles,
+        timeout_ms,
+        side=body.truncation_direction.lower(),
         allow_truncation=bool(body.truncate),
     )
     labels = scored.labels
@@ -98,12 +128,25 @@ async def predict(body: PredictRequest, request: Request, engine: EngineDep, set
 
 
 @router.post("/rerank", response_model=list[Rank], responses=ERRORS, tags=["text-embeddings-inference"])
-async def rerank(body: RerankRequest, request: Request, engine: EngineDep, settings: SettingsDep,
-                 metrics: MetricsDep, timeout_ms: TimeoutHeader = None):
+async def rerank(
+    body: RerankRequest,
+    request: Request,
+    engine: EngineDep,
+    settings: SettingsDep,
+    metrics: MetricsDep,
+    timeout_ms: TimeoutHeader = None,
+):
     """TEI-compatible: texts ranked for the query by expected level, best first."""
     scored = await score_watched(
-        request, engine, settings, metrics, [body.query] * len(body.texts), body.texts, timeout_ms,
-        side=body.truncation_direction.lower(), allow_truncation=bool(body.truncate),
+        request,
+        engine,
+        settings,
+        metrics,
+        [body.query] * len(body.texts),
+        body.texts,
+        timeout_ms,
+        side=body.truncation_direction.lower(),
+        allow_truncation=bool(body.truncate),
     )
     ranks = []
     for i, o in enumerate(scored.outputs):

@@ -46,9 +46,17 @@ class CompatRerankRequest(BaseModel):
 
     model_config = ConfigDict(
         extra="ignore",
-        json_schema_extra={"examples": [{"model": "qtrel", "query": "cordless drill",
-                                         "documents": ["DEWALT 20V MAX Cordless Drill", "Garden hose 50 ft"],
-                                         "top_n": 1, "return_documents": True}]},
+        json_schema_extra={
+            "examples": [
+                {
+                    "model": "qtrel",
+                    "query": "cordless drill",
+                    "documents": ["DEWALT 20V MAX Cordless Drill", "Garden hose 50 ft"],
+                    "top_n": 1,
+                    "return_documents": True,
+                }
+            ]
+        },
     )
     model: str | None = Field(None, description=MODEL_NOTE)
     query: Text
@@ -56,8 +64,11 @@ class CompatRerankRequest(BaseModel):
     top_n: StrictInt | None = Field(None, ge=1, description="return only the best n (all when absent)")
     return_documents: StrictBool = Field(False, description="add each result's `document: {text}`")
     max_tokens_per_doc: StrictInt | None = Field(
-        None, ge=1, description="accepted; not applied: a pair is cut to the model's max_length tokens (only the "
-                                "title is cut, see /tokenize)")
+        None,
+        ge=1,
+        description="accepted; not applied: a pair is cut to the model's max_length tokens (only the "
+        "title is cut, see /tokenize)",
+    )
 
     @model_validator(mode="after")
     def _not_blank(self) -> CompatRerankRequest:
@@ -86,8 +97,9 @@ class CompatRerankResponse(BaseModel):
     id: str
     model: str = Field(description="the model that scored (whatever the request named)")
     results: list[CompatRerankResult] = Field(description="best first")
-    meta: dict[str, Any] = Field(description="Cohere's api_version, billed_units (search_units: one per 100 "
-                                             "documents, input_tokens) and tokens")
+    meta: dict[str, Any] = Field(
+        description="Cohere's api_version, billed_units (search_units: one per 100 documents, input_tokens) and tokens"
+    )
     usage: dict[str, int] = Field(description="Jina's and vLLM's: total_tokens")
 
 
@@ -98,8 +110,15 @@ def relevance(expected: float, lo: float, hi: float) -> float:
     return min(1.0, max(0.0, (expected - lo) / (hi - lo)))
 
 
-async def rerank(version: str, body: CompatRerankRequest, request: Request, engine: EngineDep, settings: SettingsDep,
-                 metrics: MetricsDep, timeout_ms: int | None) -> JSONResponse:
+async def rerank(
+    version: str,
+    body: CompatRerankRequest,
+    request: Request,
+    engine: EngineDep,
+    settings: SettingsDep,
+    metrics: MetricsDep,
+    timeout_ms: int | None,
+) -> JSONResponse:
     texts = body.texts()
     scored = await score_watched(request, engine, settings, metrics, [body.query] * len(texts), texts, timeout_ms)
     values = level_values(scored.labels).tolist()
@@ -114,11 +133,20 @@ async def rerank(version: str, body: CompatRerankRequest, request: Request, engi
     if body.top_n is not None:
         results = results[: body.top_n]
     tokens = sum(scored.enc.lengths)
-    meta = {"api_version": {"version": version},
-            "billed_units": {"search_units": math.ceil(len(texts) / 100), "input_tokens": tokens},
-            "tokens": {"input_tokens": tokens, "output_tokens": 0}}
-    return JSONResponse({"id": str(uuid.uuid4()), "model": scored.model, "results": results, "meta": meta,
-                         "usage": {"total_tokens": tokens}})
+    meta = {
+        "api_version": {"version": version},
+        "billed_units": {"search_units": math.ceil(len(texts) / 100), "input_tokens": tokens},
+        "tokens": {"input_tokens": tokens, "output_tokens": 0},
+    }
+    return JSONResponse(
+        {
+            "id": str(uuid.uuid4()),
+            "model": scored.model,
+            "results": results,
+            "meta": meta,
+            "usage": {"total_tokens": tokens},
+        }
+    )
 
 
 DESCRIPTION = (
@@ -128,14 +156,26 @@ DESCRIPTION = (
 
 
 @router.post("/v1/rerank", response_model=CompatRerankResponse, responses=ERRORS, description=DESCRIPTION)
-async def rerank_v1(body: CompatRerankRequest, request: Request, engine: EngineDep, settings: SettingsDep,
-                    metrics: MetricsDep, timeout_ms: TimeoutHeader = None):
+async def rerank_v1(
+    body: CompatRerankRequest,
+    request: Request,
+    engine: EngineDep,
+    settings: SettingsDep,
+    metrics: MetricsDep,
+    timeout_ms: TimeoutHeader = None,
+):
     return await rerank("1", body, request, engine, settings, metrics, timeout_ms)
 
 
 @router.post("/v2/rerank", response_model=CompatRerankResponse, responses=ERRORS, description=DESCRIPTION)
-async def rerank_v2(body: CompatRerankRequest, request: Request, engine: EngineDep, settings: SettingsDep,
-                    metrics: MetricsDep, timeout_ms: TimeoutHeader = None):
+async def rerank_v2(
+    body: CompatRerankRequest,
+    request: Request,
+    engine: EngineDep,
+    settings: SettingsDep,
+    metrics: MetricsDep,
+    timeout_ms: TimeoutHeader = None,
+):
     return await rerank("2", body, request, engine, settings, metrics, timeout_ms)
 
 
@@ -151,7 +191,8 @@ class TokenizeRequest(BaseModel):
     title: Text | None = None
     pairs: list[Pair] | None = Field(None, min_length=1)
     truncation: Literal["only_second", "longest_first"] = Field(
-        "only_second", description="only_second (/score's default): cut the title, keep the query whole")
+        "only_second", description="only_second (/score's default): cut the title, keep the query whole"
+    )
     truncation_direction: Direction = Field("Right", description="which end of a text is cut: Right cuts its end")
 
     @model_validator(mode="after")
@@ -188,8 +229,9 @@ class TokenizedPair(BaseModel):
     index: int
     length: int = Field(description="tokens the model sees, special tokens included")
     truncated: bool
-    cut_from: Literal["end", "start"] | None = Field(description="which end of a text lost tokens; null when "
-                                                                 "nothing was cut")
+    cut_from: Literal["end", "start"] | None = Field(
+        description="which end of a text lost tokens; null when nothing was cut"
+    )
     query: TextCut
     title: TextCut
     tokens: list[Token]
@@ -218,17 +260,23 @@ async def tokenize(body: TokenizeRequest, engine: EngineDep, settings: SettingsD
     side = body.truncation_direction.lower()
     t = await engine.tokenize(queries, titles, truncation=body.truncation, side=side)
     results = []
-    for i, (ids, segs, toks, cut) in enumerate(zip(t.enc.input_ids, t.enc.token_type_ids, t.tokens,
-                                                   t.enc.truncated)):
+    for i, (ids, segs, toks, cut) in enumerate(zip(t.enc.input_ids, t.enc.token_type_ids, t.tokens, t.enc.truncated)):
         n_query = segs.count(0) - 2  # [CLS] and the first [SEP] are segment 0
         specials = {0, n_query + 1, len(ids) - 1}
-        results.append({
-            "index": i, "length": len(ids), "truncated": cut, "cut_from": ("end" if side == "right" else "start")
-            if cut else None,
-            "query": text_cut(t.query_tokens[i], n_query, side),
-            "title": text_cut(t.title_tokens[i], len(ids) - n_query - 3, side),
-            "tokens": [{"id": x, "text": s, "segment": g, "special": j in specials}
-                       for j, (x, s, g) in enumerate(zip(ids, toks, segs))],
-            "input_ids": ids, "token_type_ids": segs,
-        })
+        results.append(
+            {
+                "index": i,
+                "length": len(ids),
+                "truncated": cut,
+                "cut_from": ("end" if side == "right" else "start") if cut else None,
+                "query": text_cut(t.query_tokens[i], n_query, side),
+                "title": text_cut(t.title_tokens[i], len(ids) - n_query - 3, side),
+                "tokens": [
+                    {"id": x, "text": s, "segment": g, "special": j in specials}
+                    for j, (x, s, g) in enumerate(zip(ids, toks, segs))
+                ],
+                "input_ids": ids,
+                "token_type_ids": segs,
+            }
+        )
     return JSONResponse({"model": t.model, "max_length": t.max_length, "results": results})

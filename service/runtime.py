@@ -31,15 +31,23 @@ class Runtime:
     threads: int  # torch intra-op threads per model; 0 = torch's default
 
     def load_spec(self, settings: Settings) -> LoadSpec:
-        return LoadSpec(str(self.model_dir), device=self.device, dtype=self.dtype, max_length=settings.max_length,
-                        threads=self.threads, warmup=settings.warmup, max_batch_tokens=settings.max_batch_tokens)
+        return LoadSpec(
+            str(self.model_dir),
+            device=self.device,
+            dtype=self.dtype,
+            max_length=settings.max_length,
+            threads=self.threads,
+            warmup=settings.warmup,
+            max_batch_tokens=settings.max_batch_tokens,
+        )
 
 
 def resolve_runtime(settings: Settings, cores: int | None = None) -> Runtime:
     device = resolve_device(settings.device)
     replicas, threads = resolve_layout(settings, device, cores)
-    return Runtime(resolve_model_dir(settings), str(device), resolve_dtype(settings, device), settings.worker,
-                   replicas, threads)
+    return Runtime(
+        resolve_model_dir(settings), str(device), resolve_dtype(settings, device), settings.worker, replicas, threads
+    )
 
 
 def default_model_dir(name: str = "default") -> Path:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Literal, cast
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, model_validator
 
@@ -26,8 +26,9 @@ class ScoreRequest(BaseModel):
 
     model_config = ConfigDict(
         extra="forbid",
-        json_schema_extra={"examples": [{"query": "cordless drill", "titles": ["DEWALT 20V MAX Cordless Drill",
-                                                                                "Garden hose 50 ft"]}]},
+        json_schema_extra={
+            "examples": [{"query": "cordless drill", "titles": ["DEWALT 20V MAX Cordless Drill", "Garden hose 50 ft"]}]
+        },
     )
     query: Text | None = None
     titles: list[Text] | None = Field(None, min_length=1)
@@ -82,9 +83,15 @@ class PredictRequest(BaseModel):
     truncate: StrictBool | None = False
     truncation_direction: Direction = "Right"
 
+    def _batch(self) -> list[list[str]]:
+        """The inputs as a list of pairs, whichever of the two shapes was sent."""
+        if self.inputs and isinstance(self.inputs[0], list):
+            return self.inputs
+        return [cast(list[str], self.inputs)]
+
     @model_validator(mode="after")
     def _pairs(self) -> PredictRequest:
-        batch = self.inputs if self.inputs and isinstance(self.inputs[0], list) else [self.inputs]
+        batch = self._batch()
         if not batch or not batch[0]:
             raise ValueError("inputs is empty")
         for i, p in enumerate(batch):
@@ -98,8 +105,8 @@ class PredictRequest(BaseModel):
         return not isinstance(self.inputs[0], list)
 
     def as_pairs(self) -> tuple[list[str], list[str]]:
-        batch = [self.inputs] if self.single else self.inputs
-        return [p[0] for p in batch], [p[1] for p in batch]  # type: ignore[index]
+        batch = self._batch()
+        return [p[0] for p in batch], [p[1] for p in batch]
 
 
 class Prediction(BaseModel):

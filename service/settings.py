@@ -13,26 +13,38 @@ class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="QTREL_", frozen=True, extra="ignore")
 
     # --- model ---
-    model: str | None = Field(None, description="checkpoint directory, or builtin:default / builtin:pruned "
-                              "(shipped in the package); empty = the built-in default model")
+    model: str | None = Field(
+        None,
+        description="checkpoint directory, or builtin:default / builtin:pruned "
+        "(shipped in the package); empty = the built-in default model",
+    )
     device: str = Field("auto", description="cpu, cuda, cuda:N, or auto (cuda when available)")
     dtype: Literal["auto", "float32", "bfloat16", "float16", "int8"] = Field(
-        "auto", description="precision; auto = bfloat16 on CPUs with bfloat16 instructions, else float32; "
-        "float16 on cuda"
+        "auto",
+        description="precision; auto = bfloat16 on CPUs with bfloat16 instructions, else float32; float16 on cuda",
     )
     max_length: int = Field(128, ge=8, le=512, description="tokens per pair, special tokens included")
     threads: int = Field(0, ge=0, description="torch intra-op threads per model process; 0 = auto")
-    replicas: int = Field(0, ge=0, description="model processes serving batches side by side (process "
-                          "worker); 0 = auto: on cpu, cores / threads, on cuda 1")
+    replicas: int = Field(
+        0,
+        ge=0,
+        description="model processes serving batches side by side (process "
+        "worker); 0 = auto: on cpu, cores / threads, on cuda 1",
+    )
     warmup: bool = Field(True, description="run warm-up forwards before reporting ready")
     worker: Literal["process", "thread"] = Field(
-        "process", description="where the model runs: a child process (no GIL shared with the HTTP server; "
-        "restarted if it dies) or a thread of the server process"
+        "process",
+        description="where the model runs: a child process (no GIL shared with the HTTP server; "
+        "restarted if it dies) or a thread of the server process",
     )
 
-    batch_timeout_s: float = Field(30.0, gt=0, description="a model process that holds one batch (or job) "
-                                   "longer than this is killed and replaced, and the batch retried once "
-                                   "(process worker)")
+    batch_timeout_s: float = Field(
+        30.0,
+        gt=0,
+        description="a model process that holds one batch (or job) "
+        "longer than this is killed and replaced, and the batch retried once "
+        "(process worker)",
+    )
 
     # --- HTTP ---
     host: str = "0.0.0.0"
@@ -55,11 +67,17 @@ class Settings(BaseSettings):
     drain_timeout_s: float = Field(30.0, ge=0, description="on SIGTERM, how long in-flight work may take")
 
     # --- authentication ---
-    api_keys: SecretStr = Field(SecretStr(""), description="comma-separated API keys; when any key is set "
-                                "(here or in api_keys_file), the scoring, explanation and /info routes need "
-                                "Authorization: Bearer <key>. Never logged, never shown in /info")
-    api_keys_file: Path | None = Field(None, description="a file of API keys, one a line (blank lines and # "
-                                       "comments ignored), read at start; for Kubernetes Secrets")
+    api_keys: SecretStr = Field(
+        SecretStr(""),
+        description="comma-separated API keys; when any key is set "
+        "(here or in api_keys_file), the scoring, explanation and /info routes need "
+        "Authorization: Bearer <key>. Never logged, never shown in /info",
+    )
+    api_keys_file: Path | None = Field(
+        None,
+        description="a file of API keys, one a line (blank lines and # "
+        "comments ignored), read at start; for Kubernetes Secrets",
+    )
     protect_metrics: bool = Field(False, description="/metrics also needs an API key (when keys are set)")
     _keys: tuple[str, ...] = PrivateAttr(())
 
@@ -69,11 +87,13 @@ class Settings(BaseSettings):
     @model_validator(mode="after")
     def _consistent(self) -> Settings:
         if self.max_batch_tokens < self.max_length:
-            raise ValueError(f"max_batch_tokens ({self.max_batch_tokens}) must hold one pair of max_length "
-                             f"({self.max_length})")
+            raise ValueError(
+                f"max_batch_tokens ({self.max_batch_tokens}) must hold one pair of max_length ({self.max_length})"
+            )
         if self.max_pairs_per_request > self.max_queue_pairs:
-            raise ValueError("max_pairs_per_request must not exceed max_queue_pairs: such a request could never "
-                             "be admitted")
+            raise ValueError(
+                "max_pairs_per_request must not exceed max_queue_pairs: such a request could never be admitted"
+            )
         self._keys = _split_keys(self.api_keys.get_secret_value(), ",") + _read_keys(self.api_keys_file)
         return self
 
@@ -106,6 +126,7 @@ def _read_keys(path: Path | None) -> tuple[str, ...]:
         raise ValueError(f"api_keys_file {str(path)!r} cannot be read: {type(e).__name__}: {e}") from None
     keys = _split_keys(text, "\n")
     if not keys:
-        raise ValueError(f"api_keys_file {str(path)!r} holds no key (one a line; blank lines and # comments "
-                         "are ignored)")
+        raise ValueError(
+            f"api_keys_file {str(path)!r} holds no key (one a line; blank lines and # comments are ignored)"
+        )
     return keys

@@ -89,8 +89,15 @@ class OtelTracing(Tracing):
         with self._tracer.start_as_current_span(name, attributes={f"qtrel.{k}": v for k, v in attributes.items()}) as s:
             yield s
 
-    def batch(self, traces: Sequence[Any], enqueued: Sequence[float], started: float, ended: float,
-              lengths: Sequence[int], error: BaseException | None) -> None:
+    def batch(
+        self,
+        traces: Sequence[Any],
+        enqueued: Sequence[float],
+        started: float,
+        ended: float,
+        lengths: Sequence[int],
+        error: BaseException | None,
+    ) -> None:
         """service.batcher.BatchTracer: a batch's timings (monotonic seconds) -> a queue-wait and a forward
         span under each request that had pairs in it."""
         offset = time.time_ns() - time.monotonic_ns()
@@ -101,14 +108,19 @@ class OtelTracing(Tracing):
                 continue
             _, first, n = groups.get(id(ctx), (ctx, t, 0))
             groups[id(ctx)] = (ctx, min(first, t), n + 1)
-        batch = {"qtrel.batch.size": len(lengths), "qtrel.batch.tokens": sum(lengths),
-                 "qtrel.batch.padded_tokens": max(lengths, default=0) * len(lengths)}
+        batch = {
+            "qtrel.batch.size": len(lengths),
+            "qtrel.batch.tokens": sum(lengths),
+            "qtrel.batch.padded_tokens": max(lengths, default=0) * len(lengths),
+        }
         for ctx, first, n in groups.values():
-            wait = self._tracer.start_span("qtrel.queue_wait", context=ctx, start_time=ns(first),
-                                           attributes={"qtrel.pairs": n})
+            wait = self._tracer.start_span(
+                "qtrel.queue_wait", context=ctx, start_time=ns(first), attributes={"qtrel.pairs": n}
+            )
             wait.end(end_time=ns(started))
-            fwd = self._tracer.start_span("qtrel.forward", context=ctx, start_time=ns(started),
-                                          attributes={**batch, "qtrel.pairs": n})
+            fwd = self._tracer.start_span(
+                "qtrel.forward", context=ctx, start_time=ns(started), attributes={**batch, "qtrel.pairs": n}
+            )
             if error is not None:
                 fwd.record_exception(error)
                 fwd.set_status(self._trace.Status(self._trace.StatusCode.ERROR, f"{type(error).__name__}: {error}"))
@@ -118,8 +130,9 @@ class OtelTracing(Tracing):
         from opentelemetry.instrumentation.fastapi import FastAPIInstrumentor
 
         excluded = None if os.environ.get("OTEL_PYTHON_FASTAPI_EXCLUDED_URLS") else QUIET_URLS
-        FastAPIInstrumentor.instrument_app(app, tracer_provider=self.provider, excluded_urls=excluded,
-                                           exclude_spans=["receive", "send"])
+        FastAPIInstrumentor.instrument_app(
+            app, tracer_provider=self.provider, excluded_urls=excluded, exclude_spans=["receive", "send"]
+        )
 
     def shutdown(self) -> None:
         self.provider.shutdown()  # flushes what the exporters still hold
@@ -136,8 +149,11 @@ def from_env(environ: Mapping[str, str] | None = None) -> Tracing:
         from opentelemetry.sdk.trace import TracerProvider
         from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter
     except ImportError as e:
-        log.warning("OTEL_* asks for tracing but OpenTelemetry is not installed (pip install 'qtrel[otel]'): "
-                    "tracing is off (%s)", e)
+        log.warning(
+            "OTEL_* asks for tracing but OpenTelemetry is not installed (pip install 'qtrel[otel]'): "
+            "tracing is off (%s)",
+            e,
+        )
         return Tracing()
     named = environ.get("OTEL_SERVICE_NAME") or "service.name=" in environ.get("OTEL_RESOURCE_ATTRIBUTES", "")
     provider = TracerProvider(resource=Resource.create({} if named else {"service.name": "qtrel"}))

@@ -106,9 +106,15 @@ class Replica:
     """One backend and the thread that alone drives it: start it, serve jobs from the shared queue,
     restart it when its process dies. It reports to its worker only through the callbacks it is given."""
 
-    def __init__(self, index: int, make_backend: Callable[[int], Backend], jobs: queue.Queue,
-                 on_change: Callable[[], None], on_loaded: Callable[[dict], None],
-                 on_restart: Callable[[str], None]):
+    def __init__(
+        self,
+        index: int,
+        make_backend: Callable[[int], Backend],
+        jobs: queue.Queue,
+        on_change: Callable[[], None],
+        on_loaded: Callable[[dict], None],
+        on_restart: Callable[[str], None],
+    ):
         self.index = index
         self.error: str | None = None  # why the model could not be (re)loaded
         self.machine = StateMachine(on_change=lambda old, new: on_change())
@@ -157,8 +163,12 @@ class Replica:
     def _restart(self, reason: str, detail: str) -> bool:
         if self.machine.ending or not self.machine.advance(State.RESTARTING):
             return False
-        log.error("model process %d %s (%s); restarting it", self.index,
-                  "timed out" if reason == "timeout" else "died", detail)
+        log.error(
+            "model process %d %s (%s); restarting it",
+            self.index,
+            "timed out" if reason == "timeout" else "died",
+            detail,
+        )
         self._on_restart(reason)
         if self._backend is not None:
             self._backend.close()
@@ -208,8 +218,14 @@ class Worker:
     """Runs jobs on `replicas` model instances: child processes (`mode="process"`) or one model on a
     thread of this process (`mode="thread"`). See the module doc."""
 
-    def __init__(self, spec: LoadSpec, mode: str = "process", replicas: int = 1,
-                 observer: WorkerObserver | None = None, batch_timeout_s: float | None = None):
+    def __init__(
+        self,
+        spec: LoadSpec,
+        mode: str = "process",
+        replicas: int = 1,
+        observer: WorkerObserver | None = None,
+        batch_timeout_s: float | None = None,
+    ):
         if mode not in ("process", "thread"):
             raise ValueError(f"worker mode must be 'process' or 'thread', got {mode!r}")
         if replicas < 1 or (mode == "thread" and replicas != 1):
@@ -227,10 +243,13 @@ class Worker:
         def make_backend(index: int) -> Backend:
             return ThreadBackend(spec) if mode == "thread" else ProcessBackend(spec, f"qtrel-model-{index}")
 
-        self._replicas = [Replica(i, make_backend, self._jobs, self._replica_changed, self._loaded,
-                                  self._restarted) for i in range(replicas)]
-        self._watchdog = threading.Thread(target=self._watch, name="qtrel-watchdog", daemon=True) \
-            if self.batch_timeout_s else None
+        self._replicas = [
+            Replica(i, make_backend, self._jobs, self._replica_changed, self._loaded, self._restarted)
+            for i in range(replicas)
+        ]
+        self._watchdog = (
+            threading.Thread(target=self._watch, name="qtrel-watchdog", daemon=True) if self.batch_timeout_s else None
+        )
 
     # --- what others may read -----------------------------------------------------------------
     @property
@@ -259,8 +278,14 @@ class Worker:
         return any(r.thread.is_alive() for r in self._replicas) or self.state == State.LOADING
 
     def describe(self) -> dict:
-        return {"mode": self.mode, "replicas": self.size, "threads": self.spec.threads, "restarts": self.restarts,
-                "pids": self.pids, "batch_timeout_s": self.batch_timeout_s}
+        return {
+            "mode": self.mode,
+            "replicas": self.size,
+            "threads": self.spec.threads,
+            "restarts": self.restarts,
+            "pids": self.pids,
+            "batch_timeout_s": self.batch_timeout_s,
+        }
 
     # --- lifecycle ----------------------------------------------------------------------------
     def start(self) -> None:
@@ -376,7 +401,17 @@ class Worker:
             for r in self._replicas:
                 backend = r.backend
                 held = backend.in_flight() if backend is not None else None
-                if held is not None and now - held.since > limit and backend is not None \
-                        and backend.kill("timeout", held):
-                    log.error("model process %d (pid %d) held %s for %.1fs, over batch_timeout_s=%gs: killed",
-                              r.index, held.pid, held.kind, now - held.since, limit)
+                if (
+                    held is not None
+                    and now - held.since > limit
+                    and backend is not None
+                    and backend.kill("timeout", held)
+                ):
+                    log.error(
+                        "model process %d (pid %d) held %s for %.1fs, over batch_timeout_s=%gs: killed",
+                        r.index,
+                        held.pid,
+                        held.kind,
+                        now - held.since,
+                        limit,
+                    )

@@ -15,7 +15,6 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 LINTED = ["model", "service", "tests", "bench"]
-PENDING = pytest.mark.skip(reason="enabled after the restructuring lands (issue 11)")
 
 
 def tool(name: str) -> str:
@@ -32,17 +31,14 @@ def run(*cmd: str, timeout: float = 600) -> None:
     assert done.returncode == 0, f"{' '.join(cmd)} exited {done.returncode}:\n{done.stdout}\n{done.stderr}"
 
 
-@PENDING
 def test_ruff_check():
     run(tool("ruff"), "check", *LINTED)
 
 
-@PENDING
 def test_ruff_format():
     run(tool("ruff"), "format", "--check", *LINTED)
 
 
-@PENDING
 @pytest.mark.timeout(900)
 def test_mypy():
     # packages and strictness come from [tool.mypy] in pyproject.toml

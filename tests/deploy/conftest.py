@@ -57,8 +57,15 @@ class QtrelProcess:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         env = {k: v for k, v in os.environ.items() if not k.startswith("QTREL_")}
-        env.update({"QTREL_MODEL": str(model_dir), "QTREL_HOST": "127.0.0.1", "QTREL_PORT": str(self.port),
-                    "QTREL_THREADS": "1", "QTREL_LOG_JSON": "false"})
+        env.update(
+            {
+                "QTREL_MODEL": str(model_dir),
+                "QTREL_HOST": "127.0.0.1",
+                "QTREL_PORT": str(self.port),
+                "QTREL_THREADS": "1",
+                "QTREL_LOG_JSON": "false",
+            }
+        )
         env.update({f"QTREL_{k.upper()}": str(v) for k, v in settings.items()})
         qtrel = shutil.which("qtrel", path=str(VENV_BIN))
         cmd = [qtrel, "serve"] if qtrel else [sys.executable, "-m", "service.cli", "serve"]

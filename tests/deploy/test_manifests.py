@@ -73,6 +73,7 @@ def compose_env() -> dict[str, str]:
 
 # --- the image ---------------------------------------------------------------------------------------
 
+
 def test_dockerfile_base_is_an_argument_with_the_public_default():
     assert re.search(r"^ARG BASE_IMAGE=python:3\.11-slim-bookworm$", DOCKERFILE, re.M)
     froms = [a for k, a in instructions(DOCKERFILE) if k == "FROM"]
@@ -96,7 +97,7 @@ def test_image_starts_qtrel_serve_in_exec_form_as_non_root():
 
 def test_healthcheck_probes_readiness_without_curl():
     hc = dict(runtime_stage())["HEALTHCHECK"]
-    cmd = json.loads(hc[hc.index("CMD") + 3:].strip())
+    cmd = json.loads(hc[hc.index("CMD") + 3 :].strip())
     assert cmd[:2] == ["python", "-c"] and "/health/ready" in cmd[2] and "QTREL_PORT" in cmd[2]
     compile(cmd[2], "healthcheck", "exec")
 
@@ -121,7 +122,7 @@ def test_healthcheck_command_fails_when_not_ready_and_passes_when_ready(tmp_path
     server = HTTPServer(("127.0.0.1", 0), Handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     hc = dict(runtime_stage())["HEALTHCHECK"]
-    code = json.loads(hc[hc.index("CMD") + 3:].strip())[2]
+    code = json.loads(hc[hc.index("CMD") + 3 :].strip())[2]
     env = os.environ | {"QTREL_PORT": str(server.server_port)}
     try:
         run = lambda: subprocess.run([sys.executable, "-c", code], env=env, capture_output=True).returncode
@@ -133,8 +134,9 @@ def test_healthcheck_command_fails_when_not_ready_and_passes_when_ready(tmp_path
 
 
 def test_dockerignore_is_an_allow_list_that_keeps_the_model():
-    rules = [ln.strip() for ln in (ROOT / ".dockerignore").read_text().splitlines()
-             if ln.strip() and not ln.startswith("#")]
+    rules = [
+        ln.strip() for ln in (ROOT / ".dockerignore").read_text().splitlines() if ln.strip() and not ln.startswith("#")
+    ]
     assert rules[0] == "*"
     allowed = {r[1:].rstrip("/") for r in rules if r.startswith("!")}
     assert {"pyproject.toml", "model", "service"} <= allowed
@@ -145,6 +147,7 @@ def test_dockerignore_is_an_allow_list_that_keeps_the_model():
 
 
 # --- QTREL_* settings ----------------------------------------------------------------------------------
+
 
 def _settings_cls():
     try:
@@ -157,8 +160,12 @@ def _settings_cls():
 @pytest.mark.parametrize("where", ["Dockerfile", "compose", "k8s", "k8s-gpu"])
 def test_every_qtrel_variable_is_a_setting_with_a_valid_value(where, monkeypatch, tmp_path):
     settings_cls = _settings_cls()
-    env = {"Dockerfile": dockerfile_env, "compose": compose_env, "k8s": container_env,
-           "k8s-gpu": lambda: container_env("gpu")}[where]()
+    env = {
+        "Dockerfile": dockerfile_env,
+        "compose": compose_env,
+        "k8s": container_env,
+        "k8s-gpu": lambda: container_env("gpu"),
+    }[where]()
     qtrel = {k: v for k, v in env.items() if k.startswith("QTREL_")}
     assert qtrel
     fields = {f"QTREL_{name.upper()}" for name in settings_cls.model_fields}
@@ -176,13 +183,17 @@ def test_every_qtrel_variable_is_a_setting_with_a_valid_value(where, monkeypatch
 
 # --- Kubernetes ----------------------------------------------------------------------------------------
 
+
 def test_pod_serves_the_image_port_and_probes_the_health_routes():
     spec = deployment()["spec"]["template"]["spec"]
     c = spec["containers"][0]
     assert [p["containerPort"] for p in c["ports"]] == [PORT] and c["ports"][0]["name"] == "http"
     assert container_env()["QTREL_PORT"] == str(PORT)
-    for probe, path in (("startupProbe", "/health/ready"), ("readinessProbe", "/health/ready"),
-                        ("livenessProbe", "/health/live")):
+    for probe, path in (
+        ("startupProbe", "/health/ready"),
+        ("readinessProbe", "/health/ready"),
+        ("livenessProbe", "/health/live"),
+    ):
         assert c[probe]["httpGet"] == {"path": path, "port": "http"}, probe
     ann = deployment()["spec"]["template"]["metadata"]["annotations"]
     assert ann["prometheus.io/port"] == str(PORT) and ann["prometheus.io/path"] == "/metrics"
@@ -249,6 +260,7 @@ def test_selectors_match_the_pod_labels():
 
 
 # --- compose, Prometheus, Grafana ------------------------------------------------------------------------
+
 
 def test_compose_wires_the_stack_to_files_that_exist():
     compose = yaml.safe_load((DOCKER / "compose.yaml").read_text())

@@ -32,10 +32,15 @@ def _used() -> dict[str, set[str]]:
 def test_the_files_use_the_metrics_they_are_about():
     used = _used()
     # Not an empty pass: the dashboard covers every specified metric, the alerts the key ones.
-    assert {m.removesuffix("_bucket").removesuffix("_sum").removesuffix("_count") for m in used["dashboard"]} \
-        >= set(SPEC_METRICS)
-    assert {"qtrel_ready", "qtrel_requests_total", "qtrel_request_duration_seconds_bucket",
-            "qtrel_queue_depth"} <= used["alerts"]
+    assert {m.removesuffix("_bucket").removesuffix("_sum").removesuffix("_count") for m in used["dashboard"]} >= set(
+        SPEC_METRICS
+    )
+    assert {
+        "qtrel_ready",
+        "qtrel_requests_total",
+        "qtrel_request_duration_seconds_bucket",
+        "qtrel_queue_depth",
+    } <= used["alerts"]
     assert used["hpa"] == {"qtrel_pairs_in_flight"} and used["hpa"] <= used["adapter"]
 
 
@@ -53,8 +58,10 @@ def test_used_labels_exist_on_their_metrics():
 
 
 def test_label_check_catches_mistakes():
-    bad = {"a": 'sum by (code) (rate(qtrel_requests_total{path="/score"}[5m]))',
-           "b": 'qtrel_queue_seconds_bucket{le="0.1", route="/score"}'}
+    bad = {
+        "a": 'sum by (code) (rate(qtrel_requests_total{path="/score"}[5m]))',
+        "b": 'qtrel_queue_seconds_bucket{le="0.1", route="/score"}',
+    }
     assert len(label_problems(bad)) == 3
 
 
@@ -81,5 +88,4 @@ def test_alert_label_values_match_the_live_service(qtrel_serve):
     text = httpx.get(qtrel_serve.url + "/metrics", timeout=10).text
     lines = text.splitlines()
     assert any(line.startswith('qtrel_requests_total{route="/score",status="200"}') for line in lines)
-    assert any(line.startswith("qtrel_request_duration_seconds_bucket{") and 'route="/score"' in line
-               for line in lines)
+    assert any(line.startswith("qtrel_request_duration_seconds_bucket{") and 'route="/score"' in line for line in lines)

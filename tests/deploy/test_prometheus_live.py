@@ -24,18 +24,26 @@ def prometheus(qtrel_serve, tmp_path_factory):
     config = {
         "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
         "rule_files": [str(ALERTS)],
-        "scrape_configs": [{
-            "job_name": "qtrel",
-            "static_configs": [{"targets": [qtrel_serve.url.removeprefix("http://")]}],
-        }],
+        "scrape_configs": [
+            {
+                "job_name": "qtrel",
+                "static_configs": [{"targets": [qtrel_serve.url.removeprefix("http://")]}],
+            }
+        ],
     }
     (work / "prometheus.yml").write_text(yaml.safe_dump(config))
     url = f"http://127.0.0.1:{free_port()}"
     log = (work / "prometheus.log").open("wb")
     proc = subprocess.Popen(
-        [binary, f"--config.file={work / 'prometheus.yml'}", f"--storage.tsdb.path={work / 'data'}",
-         f"--web.listen-address={url.removeprefix('http://')}", "--log.level=warn"],
-        stdout=log, stderr=subprocess.STDOUT,
+        [
+            binary,
+            f"--config.file={work / 'prometheus.yml'}",
+            f"--storage.tsdb.path={work / 'data'}",
+            f"--web.listen-address={url.removeprefix('http://')}",
+            "--log.level=warn",
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
     )
     try:
         wait_http(url + "/-/ready", 60, proc)
@@ -68,8 +76,11 @@ def wait_for(prom: str, expr: str, timeout: float = 60) -> list[dict]:
 
 
 def test_prometheus_scrapes_qtrel(prometheus, qtrel_serve):
-    r = httpx.post(qtrel_serve.url + "/score",
-                   json={"query": "cordless drill", "titles": ["DEWALT 20V cordless drill", "garden hose"]}, timeout=30)
+    r = httpx.post(
+        qtrel_serve.url + "/score",
+        json={"query": "cordless drill", "titles": ["DEWALT 20V cordless drill", "garden hose"]},
+        timeout=30,
+    )
     assert r.status_code == 200, r.text
     up = wait_for(prometheus, 'up{job="qtrel"} == 1')
     assert up[0]["metric"]["instance"] == qtrel_serve.url.removeprefix("http://")

@@ -17,8 +17,19 @@ from tests.service.conftest import free_port
 
 def start_server(model_dir, port, *extra):
     env = {**os.environ, "QTREL_LOG_JSON": "true"}
-    cmd = [sys.executable, "-m", "service.cli", "serve", "--model", str(model_dir), "--host", "127.0.0.1",
-           "--port", str(port), *extra]
+    cmd = [
+        sys.executable,
+        "-m",
+        "service.cli",
+        "serve",
+        "--model",
+        str(model_dir),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        *extra,
+    ]
     return subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
@@ -46,16 +57,19 @@ def test_sigterm_under_load_loses_no_accepted_request(tiny_checkpoint):
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     # One pair per forward pass, so that 300 queued pairs take a while to drain.
-    proc = start_server(tiny_checkpoint, port, "--max-batch-size", "1", "--drain-timeout-s", "60",
-                        "--request-timeout-ms", "120000")
+    proc = start_server(
+        tiny_checkpoint, port, "--max-batch-size", "1", "--drain-timeout-s", "60", "--request-timeout-ms", "120000"
+    )
     try:
         wait_ready(url, proc)
         titles = [t for _, t in read_pairs(10)]
 
         async def main():
             async with httpx.AsyncClient(timeout=60) as client:
-                tasks = [asyncio.create_task(client.post(url + "/score", json={"query": "drill", "titles": titles}))
-                         for _ in range(30)]
+                tasks = [
+                    asyncio.create_task(client.post(url + "/score", json={"query": "drill", "titles": titles}))
+                    for _ in range(30)
+                ]
                 for _ in range(100):  # wait until the work is admitted and queued
                     await asyncio.sleep(0.05)
                     if await asyncio.to_thread(in_flight, url) >= 150:

@@ -28,8 +28,9 @@ class LiveServer:
         self.lifecycle = Lifecycle()
         self.app = create_app(settings, self.lifecycle, **app_options)  # app_options: create_app's, e.g. tracing
         self.url = f"http://127.0.0.1:{settings.port}"
-        config = uvicorn.Config(self.app, host="127.0.0.1", port=settings.port, log_config=None,
-                                access_log=False, lifespan="on")
+        config = uvicorn.Config(
+            self.app, host="127.0.0.1", port=settings.port, log_config=None, access_log=False, lifespan="on"
+        )
         self.server = uvicorn.Server(config)
         self.thread = threading.Thread(target=self.server.run, daemon=True)
 

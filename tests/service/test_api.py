@@ -58,8 +58,9 @@ def test_concurrent_requests_are_merged_into_batches(tiny_checkpoint):
 
         async def main():
             async with httpx.AsyncClient(timeout=60) as client:
-                rs = await asyncio.gather(*(client.post(srv.url + "/score", json={"query": q, "titles": [t]})
-                                            for q, t in pairs))
+                rs = await asyncio.gather(
+                    *(client.post(srv.url + "/score", json={"query": q, "titles": [t]}) for q, t in pairs)
+                )
                 assert all(r.status_code == 200 for r in rs)
 
         run(main())
@@ -71,8 +72,9 @@ def test_concurrent_requests_are_merged_into_batches(tiny_checkpoint):
 
 def test_top_n_sorted_and_probs_optional(server):
     titles = [t for _, t in read_pairs(30)]
-    r = httpx.post(server.url + "/score", json={"query": "cordless drill", "titles": titles, "top_n": 5,
-                                                "return_probs": False})
+    r = httpx.post(
+        server.url + "/score", json={"query": "cordless drill", "titles": titles, "top_n": 5, "return_probs": False}
+    )
     assert r.status_code == 200
     res = r.json()["results"]
     assert len(res) == 5 and all("probs" not in x for x in res)
@@ -171,11 +173,16 @@ def test_unreadable_bodies_get_4xx(server, content, headers):
 
 
 def test_tei_routes_reject_bad_input(server):
-    for route, body in [("/predict", {"inputs": []}), ("/predict", {"inputs": [["only one"]]}),
-                        ("/predict", {"inputs": [["a", "b", "c"]]}), ("/predict", {"inputs": [["a", ""]]}),
-                        ("/rerank", {"query": "q", "texts": []}), ("/rerank", {"query": "", "texts": ["t"]}),
-                        ("/rerank", {"query": "q", "texts": [3]}), ("/predict", {"inputs": [["a", "b"]],
-                                                                                "truncation_direction": "Up"})]:
+    for route, body in [
+        ("/predict", {"inputs": []}),
+        ("/predict", {"inputs": [["only one"]]}),
+        ("/predict", {"inputs": [["a", "b", "c"]]}),
+        ("/predict", {"inputs": [["a", ""]]}),
+        ("/rerank", {"query": "q", "texts": []}),
+        ("/rerank", {"query": "", "texts": ["t"]}),
+        ("/rerank", {"query": "q", "texts": [3]}),
+        ("/predict", {"inputs": [["a", "b"]], "truncation_direction": "Up"}),
+    ]:
         r = httpx.post(server.url + route, json=body)
         assert r.status_code == 422, (route, body, r.text)
         assert set(r.json()) == {"error", "error_type"}
@@ -201,12 +208,15 @@ def test_limits_give_413(tiny_checkpoint):
 
 def test_overload_is_refused_with_retry_after(tiny_checkpoint):
     # Items wait up to 300 ms for a batch to fill, so the queue holds them while more arrive.
-    with live_server(tiny_checkpoint, max_queue_pairs=8, max_pairs_per_request=8, max_wait_ms=300,
-                     max_batch_size=64) as srv:
+    with live_server(
+        tiny_checkpoint, max_queue_pairs=8, max_pairs_per_request=8, max_wait_ms=300, max_batch_size=64
+    ) as srv:
+
         async def main():
             async with httpx.AsyncClient(timeout=60) as client:
-                return await asyncio.gather(*(client.post(srv.url + "/score", json={"query": "q", "titles":
-                                                          ["a title"] * 4}) for _ in range(6)))
+                return await asyncio.gather(
+                    *(client.post(srv.url + "/score", json={"query": "q", "titles": ["a title"] * 4}) for _ in range(6))
+                )
 
         rs = run(main())
         codes = sorted(r.status_code for r in rs)
@@ -222,19 +232,20 @@ def test_overload_is_refused_with_retry_after(tiny_checkpoint):
 def test_expired_deadline_is_dropped_before_the_device(tiny_checkpoint):
     with live_server(tiny_checkpoint, max_wait_ms=200, max_batch_size=64) as srv:
         before = srv.metric("qtrel_batch_pairs_sum")
-        r = httpx.post(srv.url + "/score", json={"query": "q", "titles": ["t"]},
-                       headers={"X-Request-Timeout-Ms": "20"})
+        r = httpx.post(srv.url + "/score", json={"query": "q", "titles": ["t"]}, headers={"X-Request-Timeout-Ms": "20"})
         assert r.status_code == 408 and r.json()["error_type"] == "timeout"
         assert srv.metric("qtrel_rejected_total", reason="deadline") == 1
         assert srv.metric("qtrel_dropped_pairs_total", reason="deadline") == 1
         assert srv.metric("qtrel_batch_pairs_sum") == before  # never reached a forward pass
-        bad = httpx.post(srv.url + "/score", json={"query": "q", "titles": ["t"]},
-                         headers={"X-Request-Timeout-Ms": "soon"})
+        bad = httpx.post(
+            srv.url + "/score", json={"query": "q", "titles": ["t"]}, headers={"X-Request-Timeout-Ms": "soon"}
+        )
         assert bad.status_code == 422
 
 
 def test_disconnected_client_work_is_dropped(tiny_checkpoint):
     with live_server(tiny_checkpoint, max_wait_ms=1000, max_batch_size=64) as srv:
+
         async def main():
             async with httpx.AsyncClient() as client:
                 with pytest.raises(httpx.ReadTimeout):
@@ -344,10 +355,21 @@ def test_health_info_metrics(server):
     assert r.headers["x-request-id"] == "abc123"
     assert httpx.get(server.url + "/openapi.json").status_code == 200
     text = httpx.get(server.url + "/metrics").text
-    for name in ("qtrel_requests_total", "qtrel_request_duration_seconds_bucket", "qtrel_queue_seconds_bucket",
-                 "qtrel_tokenize_seconds_bucket", "qtrel_inference_seconds_bucket", "qtrel_batch_pairs_bucket",
-                 "qtrel_batch_tokens_bucket", "qtrel_batch_padding_ratio_bucket", "qtrel_queue_depth",
-                 "qtrel_pairs_in_flight", "qtrel_predicted_level_total", "qtrel_ready 1.0", "qtrel_model_info"):
+    for name in (
+        "qtrel_requests_total",
+        "qtrel_request_duration_seconds_bucket",
+        "qtrel_queue_seconds_bucket",
+        "qtrel_tokenize_seconds_bucket",
+        "qtrel_inference_seconds_bucket",
+        "qtrel_batch_pairs_bucket",
+        "qtrel_batch_tokens_bucket",
+        "qtrel_batch_padding_ratio_bucket",
+        "qtrel_queue_depth",
+        "qtrel_pairs_in_flight",
+        "qtrel_predicted_level_total",
+        "qtrel_ready 1.0",
+        "qtrel_model_info",
+    ):
         assert name in text, name
 
 

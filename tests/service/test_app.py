@@ -17,8 +17,7 @@ from service.settings import Settings
 
 
 def settings_for(model_dir, **overrides) -> Settings:
-    fields = dict(model=str(model_dir), device="cpu", dtype="float32", worker="thread", warmup=False,
-                  log_json=False)
+    fields = dict(model=str(model_dir), device="cpu", dtype="float32", worker="thread", warmup=False, log_json=False)
     return Settings(**(fields | overrides))
 
 

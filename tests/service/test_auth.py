@@ -29,11 +29,20 @@ PROTECTED = [  # (method, path, body)
     ("POST", "/explain", {"query": "drill", "title": "cordless drill"}),
     ("GET", "/info", None),
 ]
-OPEN = ["/health/live", "/health/ready", "/livez", "/readyz", "/metrics", "/explain/view", "/docs",
-        "/openapi.json"]
-BAD_AUTH = [None, "", "Bearer", "Basic a2V5LWEtMDEyMzQ1Njc4OQ==", f"Token {KEY_A}", "Bearer wrong",
-            f"Bearer {KEY_A}x", f"Bearer {KEY_A[:-1]}", f"Bearer {KEY_A},{KEY_B}",
-            "Bearer ключ".encode(), f"Bearer {KEY_A}\xe9".encode("latin-1")]
+OPEN = ["/health/live", "/health/ready", "/livez", "/readyz", "/metrics", "/explain/view", "/docs", "/openapi.json"]
+BAD_AUTH = [
+    None,
+    "",
+    "Bearer",
+    "Basic a2V5LWEtMDEyMzQ1Njc4OQ==",
+    f"Token {KEY_A}",
+    "Bearer wrong",
+    f"Bearer {KEY_A}x",
+    f"Bearer {KEY_A[:-1]}",
+    f"Bearer {KEY_A},{KEY_B}",
+    "Bearer ключ".encode(),
+    f"Bearer {KEY_A}\xe9".encode("latin-1"),
+]
 
 
 def key_file(tmp_path, *lines: str):
@@ -45,8 +54,9 @@ def key_file(tmp_path, *lines: str):
 @pytest.fixture(scope="module")
 def locked(tiny_checkpoint, tmp_path_factory):
     path = key_file(tmp_path_factory.mktemp("keys"), "# qtrel keys", "", f"  {KEY_FILE}  ", "# rotated: old")
-    with live_server(tiny_checkpoint, max_wait_ms=5, api_keys=f"{KEY_A}, {KEY_B}", api_keys_file=str(path),
-                     replicas=1) as srv:
+    with live_server(
+        tiny_checkpoint, max_wait_ms=5, api_keys=f"{KEY_A}, {KEY_B}", api_keys_file=str(path), replicas=1
+    ) as srv:
         yield srv
 
 
@@ -122,8 +132,9 @@ def test_compare_digest_runs_against_every_key(monkeypatch):
 
 
 def tc_settings(model_dir, **overrides) -> Settings:
-    return Settings(model=str(model_dir), device="cpu", dtype="float32", worker="thread", warmup=False,
-                    log_json=False, **overrides)
+    return Settings(
+        model=str(model_dir), device="cpu", dtype="float32", worker="thread", warmup=False, log_json=False, **overrides
+    )
 
 
 def ready_client(app) -> TestClient:
@@ -165,8 +176,12 @@ def test_every_route_but_the_open_ones_is_protected(tiny_checkpoint):
     """A route added to the app outside the protected group fails here: add its router to PROTECTED_ROUTERS
     (or, if it must be open, to OPEN above, with a reason)."""
     paths = create_app(tc_settings(tiny_checkpoint, api_keys=KEY_A)).openapi()["paths"]
-    unprotected = sorted(f"{m.upper()} {p}" for p, ops in paths.items() for m, op in ops.items()
-                         if p not in OPEN and op.get("security") != [{"HTTPBearer": []}])
+    unprotected = sorted(
+        f"{m.upper()} {p}"
+        for p, ops in paths.items()
+        for m, op in ops.items()
+        if p not in OPEN and op.get("security") != [{"HTTPBearer": []}]
+    )
     assert unprotected == []
     assert {p for _, p, _ in PROTECTED} <= set(paths)
 

@@ -56,8 +56,12 @@ def test_state_machine_follows_the_table_and_reports_changes():
     assert not m.advance(State.READY)  # no change, no report
     with pytest.raises(IllegalTransition, match="ready -> loading"):
         m.advance(State.LOADING)
-    assert seen == [(State.LOADING, State.WARMING), (State.WARMING, State.READY), (State.READY, State.RESTARTING),
-                    (State.RESTARTING, State.READY)]
+    assert seen == [
+        (State.LOADING, State.WARMING),
+        (State.WARMING, State.READY),
+        (State.READY, State.RESTARTING),
+        (State.RESTARTING, State.READY),
+    ]
 
 
 def test_stopping_wins_every_race():
@@ -79,8 +83,13 @@ def test_wait_for_returns_when_the_state_arrives_or_the_timeout_passes():
 
 # --- messages -----------------------------------------------------------------------------------
 def test_messages_are_frozen_and_pickle():
-    for message in (Forward([([101, 102], [0, 0])]), Job("explain", ("q", "t"), {"top_heads": 3}),
-                    Loaded({"name": "x"}), Result([1.0]), Error("ValueError", "boom")):
+    for message in (
+        Forward([([101, 102], [0, 0])]),
+        Job("explain", ("q", "t"), {"top_heads": 3}),
+        Loaded({"name": "x"}),
+        Result([1.0]),
+        Error("ValueError", "boom"),
+    ):
         assert pickle.loads(pickle.dumps(message)) == message
         with pytest.raises(dataclasses.FrozenInstanceError):
             message.__setattr__(dataclasses.fields(message)[0].name, None)

@@ -79,8 +79,9 @@ def test_baseline_command(files, capsys):
 def test_label_map_and_labels(files, capsys, tmp_path):
     # Levels 1..5 folded onto three grades by --label-map, named by --labels.
     folded = json.dumps({"1": "bad", "2": "bad", "3": "fair", "4": "good", "5": "good"})
-    rc, out, _ = _run(capsys, "baseline", files["train"], files["dev"], "--labels", "bad,fair,good",
-                      "--label-map", folded, "--json")
+    rc, out, _ = _run(
+        capsys, "baseline", files["train"], files["dev"], "--labels", "bad,fair,good", "--label-map", folded, "--json"
+    )
     assert rc == 0
     m = json.loads(out)["results"]["baseline"]
     assert len(m["confusion"]) == 3 and m["n"] == 100

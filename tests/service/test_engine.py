@@ -25,9 +25,16 @@ def make_engine(model_dir, **overrides) -> Engine:
     runtime = resolve_runtime(s)
     metrics = Metrics()
     worker = Worker(runtime.load_spec(s), mode=runtime.worker, replicas=runtime.replicas, observer=metrics)
-    batcher = Batcher(worker.run, max_batch_tokens=s.max_batch_tokens, max_batch_size=s.max_batch_size,
-                      max_wait_s=s.max_wait_ms / 1000, max_queue_items=s.max_queue_pairs,
-                      max_queue_tokens=s.max_queue_tokens, observer=metrics, concurrency=worker.size)
+    batcher = Batcher(
+        worker.run,
+        max_batch_tokens=s.max_batch_tokens,
+        max_batch_size=s.max_batch_size,
+        max_wait_s=s.max_wait_ms / 1000,
+        max_queue_items=s.max_queue_pairs,
+        max_queue_tokens=s.max_queue_tokens,
+        observer=metrics,
+        concurrency=worker.size,
+    )
     return Engine(s, runtime, worker, batcher, metrics)
 
 

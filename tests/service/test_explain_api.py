@@ -15,8 +15,18 @@ def test_explanation_body(server):
     r = httpx.post(server.url + "/explain", json=PAIR, timeout=30)
     assert r.status_code == 200, r.text
     body = r.json()
-    assert set(body) == {"model", "labels", "level", "score", "probs", "truncated", "tokens", "layers",
-                         "term_matching_heads", "occlusion"}
+    assert set(body) == {
+        "model",
+        "labels",
+        "level",
+        "score",
+        "probs",
+        "truncated",
+        "tokens",
+        "layers",
+        "term_matching_heads",
+        "occlusion",
+    }
     T = len(body["tokens"])
     assert [len(layer["heads"]) for layer in body["layers"]] == [4, 4]
     assert all(len(h["cls"]) == T for layer in body["layers"] for h in layer["heads"])
@@ -48,8 +58,11 @@ def test_explanation_body(server):
     ],
 )
 def test_bad_bodies_are_refused(server, body, status, kind):
-    kw = {"content": body, "headers": {"content-type": "application/json"}} if isinstance(body, bytes) else \
-        {"json": body}
+    kw = (
+        {"content": body, "headers": {"content-type": "application/json"}}
+        if isinstance(body, bytes)
+        else {"json": body}
+    )
     r = httpx.post(server.url + "/explain", **kw)
     assert r.status_code == status, r.text
     assert set(r.json()) == {"error", "error_type"} and r.json()["error_type"] == kind

@@ -5,8 +5,13 @@ from __future__ import annotations
 import httpx
 import pytest
 
-TITLES = ["DEWALT 20V MAX Cordless Drill", "Garden hose 50 ft", "Cordless drill driver kit with battery",
-          "Ceiling fan light kit", "Drill bits set 29 piece"]
+TITLES = [
+    "DEWALT 20V MAX Cordless Drill",
+    "Garden hose 50 ft",
+    "Cordless drill driver kit with battery",
+    "Ceiling fan light kit",
+    "Drill bits set 29 piece",
+]
 QUERY = "cordless drill"
 
 
@@ -42,8 +47,9 @@ def test_rerank_sorted_with_scores_from_the_expected_level(server, path):
 
 def test_documents_as_objects_top_n_and_return_documents(server):
     docs = [{"text": t, "id": f"doc-{i}"} for i, t in enumerate(TITLES)]
-    r = httpx.post(server.url + "/v1/rerank",
-                   json={"query": QUERY, "documents": docs, "top_n": 2, "return_documents": True})
+    r = httpx.post(
+        server.url + "/v1/rerank", json={"query": QUERY, "documents": docs, "top_n": 2, "return_documents": True}
+    )
     assert r.status_code == 200, r.text
     res = r.json()["results"]
     assert len(res) == 2
@@ -51,8 +57,9 @@ def test_documents_as_objects_top_n_and_return_documents(server):
         assert x["document"] == {"text": TITLES[x["index"]]}
     every = httpx.post(server.url + "/v1/rerank", json={"query": QUERY, "documents": TITLES}).json()["results"]
     assert [x["index"] for x in res] == [x["index"] for x in every[:2]]
-    mixed = httpx.post(server.url + "/v2/rerank", json={"query": QUERY, "documents": [TITLES[0], {"text": TITLES[1]}],
-                                                        "top_n": 10})
+    mixed = httpx.post(
+        server.url + "/v2/rerank", json={"query": QUERY, "documents": [TITLES[0], {"text": TITLES[1]}], "top_n": 10}
+    )
     assert mixed.status_code == 200 and len(mixed.json()["results"]) == 2
 
 
@@ -131,9 +138,11 @@ def test_compat_routes_need_the_key_and_the_cohere_sdk_sends_it(tiny_checkpoint)
 
     key = "compat-key-0123456789"
     with live_server(tiny_checkpoint, max_wait_ms=5, api_keys=key, replicas=1) as srv:
-        for path, body in (("/v1/rerank", {"query": QUERY, "documents": TITLES}),
-                           ("/v2/rerank", {"query": QUERY, "documents": TITLES}),
-                           ("/tokenize", {"query": QUERY, "title": TITLES[0]})):
+        for path, body in (
+            ("/v1/rerank", {"query": QUERY, "documents": TITLES}),
+            ("/v2/rerank", {"query": QUERY, "documents": TITLES}),
+            ("/tokenize", {"query": QUERY, "title": TITLES[0]}),
+        ):
             r = httpx.post(srv.url + path, json=body)
             assert r.status_code == 401 and r.json()["error_type"] == "unauthorized", path
             ok = httpx.post(srv.url + path, json=body, headers={"Authorization": f"Bearer {key}"})

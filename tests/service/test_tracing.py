@@ -76,8 +76,15 @@ def test_the_batcher_reports_timings_to_its_tracer_without_knowing_otel():
         return payloads
 
     async def main():
-        b = Batcher(run, max_batch_tokens=1000, max_batch_size=8, max_wait_s=0.01, max_queue_items=100,
-                    max_queue_tokens=10_000, tracer=Recorder())
+        b = Batcher(
+            run,
+            max_batch_tokens=1000,
+            max_batch_size=8,
+            max_wait_s=0.01,
+            max_queue_items=100,
+            max_queue_tokens=10_000,
+            tracer=Recorder(),
+        )
         b.start()
         try:
             await asyncio.gather(*b.submit([(3, "a"), (5, "b")], trace="ctx-1"), *b.submit([(4, "c")]))
@@ -85,7 +92,7 @@ def test_the_batcher_reports_timings_to_its_tracer_without_knowing_otel():
             await b.stop()
 
     asyncio.run(main())
-    (traces, enqueued, started, ended, lengths, error), = calls
+    ((traces, enqueued, started, ended, lengths, error),) = calls
     assert sorted(map(str, traces)) == ["None", "ctx-1", "ctx-1"]  # one batch; the untraced item says None
     assert sorted(lengths) == [3, 4, 5] and error is None
     assert all(t <= started for t in enqueued) and ended - started >= 0.01
@@ -118,8 +125,11 @@ def spans_of(exporter, trace_id: int, names: set[str], timeout: float = 5.0):
 def test_a_request_with_a_traceparent_joins_that_trace(traced):
     srv, exporter = traced
     titles = ["DEWALT 20V MAX Cordless Drill", "Garden hose 50 ft", "Drill bits"]
-    r = httpx.post(srv.url + "/v1/rerank", json={"query": "cordless drill", "documents": titles},
-                   headers={"traceparent": TRACEPARENT})
+    r = httpx.post(
+        srv.url + "/v1/rerank",
+        json={"query": "cordless drill", "documents": titles},
+        headers={"traceparent": TRACEPARENT},
+    )
     assert r.status_code == 200, r.text
     want = {"qtrel.tokenize", "qtrel.queue_wait", "qtrel.forward"}
     spans = spans_of(exporter, int(TRACE_ID, 16), want | {"POST /v1/rerank"})
@@ -183,8 +193,11 @@ def test_the_otlp_environment_exports_the_spans_over_http(tiny_checkpoint, monke
     monkeypatch.delenv("OTEL_TRACES_EXPORTER", raising=False)
     try:
         with live_server(tiny_checkpoint, max_wait_ms=5, replicas=1) as srv:
-            r = httpx.post(srv.url + "/score", json={"query": "drill", "titles": ["cordless drill"]},
-                           headers={"traceparent": TRACEPARENT})
+            r = httpx.post(
+                srv.url + "/score",
+                json={"query": "drill", "titles": ["cordless drill"]},
+                headers={"traceparent": TRACEPARENT},
+            )
             assert r.status_code == 200
         # the lifespan's end shut the provider down, which flushed the batch processor
     finally:
