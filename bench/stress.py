@@ -358,8 +358,9 @@ def fuzz(a) -> dict:
             "server_5xx": five,
             "requests": sum(_statuses(srv).values()),
             "statuses": _statuses(srv),
-            "5xx_by_route_during_fuzz": {k: v - before.get(k, 0) for k, v in _statuses(srv, by_route=True).items()
-                                         if v - before.get(k, 0)},
+            "5xx_by_route_during_fuzz": {
+                k: v - before.get(k, 0) for k, v in _statuses(srv, by_route=True).items() if v - before.get(k, 0)
+            },
             "startup_503_before_fuzz": before,
             "worker_restarts": srv.metric("qtrel_worker_restarts_total"),
             "batches_failed": srv.metric("qtrel_batches_failed_total"),

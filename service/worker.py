@@ -23,7 +23,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 from model.classifier import RelevanceModel
 from model.tokenizer import PairTokenizer
@@ -41,59 +41,13 @@ from service.backend import (
 )
 from service.backend_process import ProcessBackend
 from service.backend_thread import ThreadBackend
+from service.worker_api import ModelInfo, NoObserver, PairOutput, WorkerObserver
+
+__all__ = ["ModelInfo", "PairOutput", "Worker", "WorkerObserver"]
 
 log = logging.getLogger("qtrel.worker")
 
 ENDING = frozenset({State.STOPPING, State.STOPPED})
-
-
-@dataclass
-class PairOutput:
-    """One pair's row of a `model.scoring.ScoredBatch`, as plain numbers."""
-
-    logits: list[float]
-    probs: list[float]
-    level: int  # class index chosen by the model's level rule
-    expected: float  # expected level: the ranking score
-
-
-@dataclass(frozen=True)
-class ModelInfo:
-    """What the server process knows of the model: metadata and the tokenizer, no weights."""
-
-    name: str
-    labels: list[str]
-    max_length: int
-    device: str
-    dtype: str
-    tokenizer: PairTokenizer
-    details: dict  # RelevanceModel.describe(): everything /info shows about the model
-
-    @classmethod
-    def of(cls, described: dict, tokenizer: PairTokenizer) -> ModelInfo:
-        keys = ("name", "labels", "max_length", "device", "dtype")
-        return cls(**{k: described[k] for k in keys}, tokenizer=tokenizer, details=described)
-
-
-class WorkerObserver(Protocol):
-    def forwarded(self, seconds: float) -> None: ...
-    def restarted(self, reason: str) -> None: ...
-    def batch_retried(self) -> None: ...
-    def batch_failed(self, reason: str) -> None: ...
-
-
-class _NoObserver:
-    def forwarded(self, seconds: float) -> None:
-        pass
-
-    def restarted(self, reason: str) -> None:
-        pass
-
-    def batch_retried(self) -> None:
-        pass
-
-    def batch_failed(self, reason: str) -> None:
-        pass
 
 
 @dataclass(eq=False)
@@ -235,7 +189,7 @@ class Worker:
         self.batch_timeout_s = batch_timeout_s if mode == "process" else None  # a thread cannot be killed
         self.info: ModelInfo | None = None
         self.restarts = 0
-        self._obs: WorkerObserver = observer or _NoObserver()
+        self._obs: WorkerObserver = observer or NoObserver()
         self._jobs: queue.Queue[Pending | None] = queue.Queue()
         self._lock = threading.RLock()  # the summary state, info, restarts; submitting against failing
         self._machine = StateMachine(on_change=self._changed)
