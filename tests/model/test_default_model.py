@@ -37,8 +37,9 @@ def test_titles_from_other_shops_are_graded_unrelated(shipped):
 
 
 def test_the_quick_start_example(shipped):
-    drill, hose = shipped.predict([("cordless drill", "DEWALT 20V MAX Cordless Drill/Driver Kit"),
-                                   ("cordless drill", "50 ft. Garden Hose")])
+    drill, hose = shipped.predict(
+        [("cordless drill", "DEWALT 20V MAX Cordless Drill/Driver Kit"), ("cordless drill", "50 ft. Garden Hose")]
+    )
     assert drill.level in ("4", "5") and hose.level in ("1", "2") and drill.score > hose.score + 1.0
 
 
