@@ -5,6 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from model.classifier import RelevanceModel
+
 
 @pytest.fixture(scope="package", autouse=True)
 def one_torch_thread():
@@ -14,3 +16,15 @@ def one_torch_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def model(tiny_checkpoint) -> RelevanceModel:
+    """As the service loads it: linear layers pre-packed for oneDNN where the CPU allows."""
+    return RelevanceModel.load(tiny_checkpoint)
+
+
+@pytest.fixture(scope="module")
+def unpacked(tiny_checkpoint) -> RelevanceModel:
+    """Plain layers, padded batches: the reference path."""
+    return RelevanceModel.load(tiny_checkpoint, fast=False)

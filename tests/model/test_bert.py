@@ -15,17 +15,6 @@ ATOL = 1e-5
 
 
 @pytest.fixture(scope="module")
-def model(tiny_checkpoint) -> RelevanceModel:
-    """As the service loads it: linear layers pre-packed for oneDNN where the CPU allows."""
-    return RelevanceModel.load(tiny_checkpoint)
-
-
-@pytest.fixture(scope="module")
-def unpacked(tiny_checkpoint) -> RelevanceModel:
-    return RelevanceModel.load(tiny_checkpoint, fast=False)
-
-
-@pytest.fixture(scope="module")
 def batch(model):
     """16 real English and 8 Chinese pairs, padded: lengths differ, so padding is exercised."""
     enc = model.encode(read_pairs(16) + read_pairs(8, "qbqtc"))

@@ -64,11 +64,6 @@ def read_csv(path: Path) -> tuple[list[str], list[dict]]:
         return list(r.fieldnames or []), list(r)
 
 
-@pytest.fixture(scope="module")
-def model(tiny_checkpoint) -> RelevanceModel:
-    return RelevanceModel.load(tiny_checkpoint)
-
-
 def assert_matches_predict(model: RelevanceModel, rows: list[dict], out: list[dict]) -> None:
     """Chunks form other batches than one predict call, so float32 sums differ in the last bits."""
     expected = model.predict([(r["query"], r["title"]) for r in rows])

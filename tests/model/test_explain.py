@@ -12,11 +12,6 @@ from tests.conftest import make_tiny_checkpoint
 PAIR = ("cordless drill", "dewalt 20v max cordless drill kit")
 
 
-@pytest.fixture(scope="module")
-def model(tiny_checkpoint) -> RelevanceModel:
-    return RelevanceModel.load(tiny_checkpoint)  # packed for oneDNN, as the service loads it
-
-
 def reference(model, query, title):
     """ids, segments and the plain path's per-layer (nh, T, T) attention of one pair."""
     enc = model.encode([(query, title)])

@@ -18,17 +18,6 @@ ATOL = 1e-5
 
 
 @pytest.fixture(scope="module")
-def model(tiny_checkpoint) -> RelevanceModel:
-    """As the service loads it: linear layers pre-packed for oneDNN where the CPU allows."""
-    return RelevanceModel.load(tiny_checkpoint)
-
-
-@pytest.fixture(scope="module")
-def unpacked(tiny_checkpoint) -> RelevanceModel:
-    return RelevanceModel.load(tiny_checkpoint, fast=False)
-
-
-@pytest.fixture(scope="module")
 def encoded(model):
     """16 English and 8 Chinese pairs of differing lengths."""
     return model.encode(read_pairs(16) + read_pairs(8, "qbqtc"))

@@ -12,11 +12,6 @@ from tests.conftest import make_tiny_checkpoint, read_pairs
 ATOL = 1e-5
 
 
-@pytest.fixture(scope="module")
-def unpacked(tiny_checkpoint) -> RelevanceModel:
-    return RelevanceModel.load(tiny_checkpoint, fast=False)
-
-
 def test_token_buckets_are_few_tight_and_cover_every_count():
     ladder = token_buckets(8192)
     assert len(ladder) <= 80 and ladder[-1] == 8192 and ladder == sorted(set(ladder))

@@ -8,34 +8,19 @@ import asyncio
 import pytest
 
 from model.classifier import RelevanceModel
+from service.app import build_engine
 from service.backend import State
-from service.batcher import Batcher
 from service.engine import INLINE_PAIRS, Engine
 from service.errors import ErrorKind, ServiceError
 from service.metrics import Metrics
-from service.runtime import resolve_runtime
 from service.schemas import Info
 from service.settings import Settings
-from service.worker import Worker
 from tests.conftest import read_pairs
 
 
 def make_engine(model_dir, **overrides) -> Engine:
     s = Settings(model=str(model_dir), device="cpu", dtype="float32", worker="thread", warmup=False, **overrides)
-    runtime = resolve_runtime(s)
-    metrics = Metrics()
-    worker = Worker(runtime.load_spec(s), mode=runtime.worker, replicas=runtime.replicas, observer=metrics)
-    batcher = Batcher(
-        worker.run,
-        max_batch_tokens=s.max_batch_tokens,
-        max_batch_size=s.max_batch_size,
-        max_wait_s=s.max_wait_ms / 1000,
-        max_queue_items=s.max_queue_pairs,
-        max_queue_tokens=s.max_queue_tokens,
-        observer=metrics,
-        concurrency=worker.size,
-    )
-    return Engine(s, runtime, worker, batcher, metrics)
+    return build_engine(s, Metrics())  # wired as the composition root wires it
 
 
 def served(engine: Engine, body):
