@@ -21,13 +21,10 @@ from model.bert import BertForRelevance
 from model.checkpoint import load_module, save_checkpoint
 from model.classifier import RelevanceModel
 from model.data import Dataset, read_labelled
+from model.evaluate import score_dataset
 from model.metrics import quadratic_kappa
 from model.scoring import LevelRule, fit_cuts, score_logits
 from model.tokenizer import PairTokenizer
-
-
-def dataset_logits(model: RelevanceModel, ds: Dataset) -> Tensor:
-    return model.encoded_logits(model.encode(ds.pairs))
 
 
 def fit_temperature(logits: Tensor, labels: Tensor, lo: float = 0.05, hi: float = 20.0, iters: int = 60) -> float:
@@ -129,7 +126,7 @@ def calibrate(
     # float32 on cpu, not packed: the model scores with `module` itself, which is then folded and saved
     model = RelevanceModel(module, PairTokenizer.from_dir(model_dir), fast=False)
     ds = read_labelled(data_file, model.labels)
-    logits = dataset_logits(model, ds)
+    logits = score_dataset(model, ds.examples).logits
     y = torch.tensor(ds.labels)
     if bias:
         t, b = fit_vector_scaling(logits, y)
@@ -152,10 +149,11 @@ def calibrate(
         report["level_bias"] = [round(x, 4) for x in b.tolist()]
     if cuts:
         k = len(model.labels)
-        expected = score_logits(logits, model.values, LevelRule()).expected
+        plain = score_logits(logits, model.values, LevelRule())  # argmax levels and the expected level
+        expected = plain.expected
         rule = LevelRule(fit_cuts(expected.tolist(), ds.labels, k, min_share))
         set_level_rule(module, rule)
-        argmax = score_logits(logits, model.values, LevelRule()).level.tolist()
+        argmax = plain.level.tolist()
         report.update(
             {
                 "level_cuts": list(rule.to_extra().values())[0],

@@ -6,8 +6,6 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Sequence
 
-import torch
-
 from model.classifier import RelevanceModel
 from model.data import Dataset, Example
 from model.metrics import all_metrics
@@ -56,16 +54,3 @@ def negatives_report(ds: Dataset, judged: ScoredBatch, negatives: Sequence[Examp
         "mean_score": neg.expected.mean().item(),
         "auc": wins / total if total else float("nan"),
     }
-
-
-def evaluate_negatives(
-    model: RelevanceModel, ds: Dataset, negatives: Sequence[Example], max_batch_tokens: int = 8192
-) -> dict:
-    """`negatives_report` for sampled negatives of `ds`'s queries (model.negatives)."""
-    judged = score_dataset(model, ds.examples, max_batch_tokens)
-    return negatives_report(ds, judged, negatives, score_dataset(model, negatives, max_batch_tokens))
-
-
-def levels_histogram(levels: torch.Tensor, k: int) -> list[float]:
-    """Share of pairs given each level."""
-    return (torch.bincount(levels, minlength=k).double() / max(1, len(levels))).tolist()

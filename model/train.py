@@ -28,7 +28,7 @@ from model.bert import BertForRelevance
 from model.checkpoint import has_head, load_module, save_checkpoint
 from model.classifier import RelevanceModel, level_values, new_from_encoder, pad_batch
 from model.data import Dataset, read_labelled
-from model.evaluate import evaluate, evaluate_negatives
+from model.evaluate import metrics_of, negatives_report, score_dataset
 from model.negatives import with_negatives
 from model.tokenizer import PairTokenizer
 
@@ -232,9 +232,11 @@ def train(args: TrainArgs) -> dict:
             return
         module.eval()
         model = RelevanceModel(module, tok, device=args.device)
-        m = evaluate(model, dev_ds)
+        judged = score_dataset(model, dev_ds.examples)  # scored once, for both reports
+        m = metrics_of(dev_ds, judged)
         if dev_neg:
-            m.update({f"neg_{k}": v for k, v in evaluate_negatives(model, dev_ds, dev_neg).items()})
+            neg = negatives_report(dev_ds, judged, dev_neg, score_dataset(model, dev_neg))
+            m.update({f"neg_{k}": v for k, v in neg.items()})
         module.train()
         value = m[args.select]
         better = state["best"] is None or (value > state["best"] if SELECT[args.select] else value < state["best"])
