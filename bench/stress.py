@@ -7,6 +7,8 @@ built-in model (or --model), runs for seconds, prints one JSON line of counts an
   python bench/stress.py sigterm
   python bench/stress.py slow --seconds 20
   python bench/stress.py fuzz --examples 200      # schemathesis against the live OpenAPI schema
+  python bench/stress.py killstorm                # bench/storm.py: model processes SIGKILLed under load
+  python bench/stress.py soak --seconds 1800      # bench/storm.py: 30 minutes of mixed traffic
 """
 
 from __future__ import annotations
@@ -14,105 +16,16 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import random
 import signal
-import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 import httpx
-
-ROOT = Path(__file__).resolve().parents[1]
-WORDS = (
-    "cordless drill dewalt 20v battery kit hammer screwdriver bosch makita brushless impact driver "
-    "ladder paint white interior gallon faucet kitchen chrome pull-down tile saw wet cutter outdoor "
-    "light led solar path fence post cedar garden hose reel"
-).split()
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def title(rng: random.Random) -> str:
-    return " ".join(rng.choice(WORDS) for _ in range(rng.randint(4, 14)))
-
-
-class Server:
-    def __init__(self, model: str, *extra: str):
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        cmd = [
-            sys.executable,
-            "-m",
-            "service.cli",
-            "serve",
-            "--model",
-            model,
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(self.port),
-            "--log-level",
-            "warning",
-            *extra,
-        ]
-        self.proc = subprocess.Popen(
-            cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
-        )  # its own process group: survivors are findable
-
-    def wait_ready(self, timeout: float = 120) -> float:
-        t0 = time.monotonic()
-        while time.monotonic() - t0 < timeout:
-            if self.proc.poll() is not None:
-                raise SystemExit(f"server exited with {self.proc.returncode}")
-            try:
-                if httpx.get(self.url + "/health/ready", timeout=1).status_code == 200:
-                    return time.monotonic() - t0
-            except httpx.TransportError:
-                pass
-            time.sleep(0.1)
-        raise SystemExit("server never became ready")
-
-    def metric(self, name: str) -> float:
-        total = 0.0
-        for line in httpx.get(self.url + "/metrics", timeout=5).text.splitlines():
-            if line.startswith(name + " ") or line.startswith(name + "{"):
-                total += float(line.rsplit(" ", 1)[1])
-        return total
-
-    def survivors(self) -> int:
-        """Processes of the server's group still alive (model processes, multiprocessing helpers)."""
-        n = 0
-        for d in Path("/proc").iterdir():
-            if d.name.isdigit():
-                try:
-                    fields = (d / "stat").read_text().rsplit(")", 1)[1].split()
-                except OSError:
-                    continue
-                if int(fields[2]) == self.proc.pid and fields[0] != "Z":  # pgid, state
-                    n += 1
-        return n
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(60)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-
-
-def pct(xs: list[float], q: float) -> float | None:
-    if not xs:
-        return None
-    xs = sorted(xs)
-    return round(xs[min(len(xs) - 1, int(q * len(xs)))] * 1000, 1)
+from live import Server, pct, statuses, title
+from storm import add_arguments, killstorm, soak
 
 
 # --- overload -------------------------------------------------------------------------------------
@@ -344,11 +257,11 @@ def fuzz(a) -> dict:
             "2",
             "--no-color",
         ]
-        before = _statuses(srv, by_route=True)  # the start-up's 503s from wait_ready's polling
+        before = statuses(srv, by_route=True)  # the start-up's 503s from wait_ready's polling
         t0 = time.monotonic()
         out = subprocess.run(cmd, capture_output=True, text=True, timeout=a.timeout, cwd="/tmp")  # its cache: not here
         ready = httpx.get(srv.url + "/health/ready", timeout=5).status_code
-        five = sum(v for k, v in _statuses(srv).items() if k.startswith("5"))  # 503 on /health/* is readiness
+        five = sum(v for k, v in statuses(srv).items() if k.startswith("5"))  # 503 on /health/* is readiness
         ok = httpx.post(srv.url + "/score", json={"query": "drill", "titles": ["cordless drill"]}, timeout=10)
         return {
             "scenario": "fuzz",
@@ -356,10 +269,10 @@ def fuzz(a) -> dict:
             "rc": out.returncode,
             "seconds": round(time.monotonic() - t0, 1),
             "server_5xx": five,
-            "requests": sum(_statuses(srv).values()),
-            "statuses": _statuses(srv),
+            "requests": sum(statuses(srv).values()),
+            "statuses": statuses(srv),
             "5xx_by_route_during_fuzz": {
-                k: v - before.get(k, 0) for k, v in _statuses(srv, by_route=True).items() if v - before.get(k, 0)
+                k: v - before.get(k, 0) for k, v in statuses(srv, by_route=True).items() if v - before.get(k, 0)
             },
             "startup_503_before_fuzz": before,
             "worker_restarts": srv.metric("qtrel_worker_restarts_total"),
@@ -372,23 +285,9 @@ def fuzz(a) -> dict:
         srv.stop()
 
 
-def _statuses(srv: Server, by_route: bool = False) -> dict[str, float]:
-    """Requests by status (or 5xx by route and status) from the server's own counter."""
-    out: dict[str, float] = {}
-    for line in httpx.get(srv.url + "/metrics", timeout=5).text.splitlines():
-        if line.startswith("qtrel_requests_total{") and 'route="/metrics"' not in line:
-            status = line.split('status="', 1)[1].split('"', 1)[0]
-            route = line.split('route="', 1)[1].split('"', 1)[0]
-            if by_route and not status.startswith("5"):
-                continue
-            key = f"{route} {status}" if by_route else status
-            out[key] = out.get(key, 0) + float(line.rsplit(" ", 1)[1])
-    return out
-
-
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("scenario", choices=["overload", "sigterm", "slow", "fuzz"])
+    p.add_argument("scenario", choices=["overload", "sigterm", "slow", "fuzz", "killstorm", "soak"])
     p.add_argument("--model", default="builtin:default")
     p.add_argument("--seconds", type=float, default=20)
     p.add_argument("--clients", type=int, default=32)
@@ -400,11 +299,13 @@ def main() -> None:
     p.add_argument("--examples", type=int, default=100)
     p.add_argument("--timeout", type=float, default=300)
     p.add_argument("--out", default="/tmp/qtrel-stress.json")
+    add_arguments(p)
     a = p.parse_args()
     if a.scenario == "fuzz":
         res = fuzz(a)
     else:
-        res = asyncio.run({"overload": overload, "sigterm": sigterm, "slow": slow}[a.scenario](a))
+        scenarios = {"overload": overload, "sigterm": sigterm, "slow": slow, "killstorm": killstorm, "soak": soak}
+        res = asyncio.run(scenarios[a.scenario](a))
     res["command"] = res.get("command") or "python bench/stress.py " + " ".join(sys.argv[1:])
     print(json.dumps({k: v for k, v in res.items() if k != "summary"}))
     if "summary" in res:

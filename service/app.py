@@ -9,6 +9,7 @@ import asyncio
 import logging
 import time
 import uuid
+from collections.abc import Callable
 from contextlib import asynccontextmanager
 
 from fastapi import APIRouter, Depends, FastAPI
@@ -50,6 +51,7 @@ KNOWN_ROUTES = {
     "/v2/rerank",
     "/tokenize",
 }
+SCORING_ROUTES = {"/score", "/predict", "/rerank", "/v1/rerank", "/v2/rerank"}  # refused early when full
 QUIET_ROUTES = {"/health/live", "/health/ready", "/livez", "/readyz", "/metrics"}
 # Routers whose every route needs `Authorization: Bearer <key>` when API keys are set (require_api_key):
 # scoring, /info and, added in create_app, /explain. A new router of scoring or model routes goes here.
@@ -57,14 +59,35 @@ PROTECTED_ROUTERS: list[APIRouter] = [router, compat_router]
 
 
 class Lifecycle:
-    """What the process needs to reach from outside the app: drain on SIGTERM."""
+    """What the process needs to reach from outside the app: drain on SIGTERM; end the process when the
+    model cannot be loaded at start (`on_fatal`, set by whoever runs the server)."""
 
     def __init__(self) -> None:
         self.engine: Engine | None = None  # set by the lifespan
+        self.fatal: str | None = None  # why the server cannot serve, once known
+        self.on_fatal: Callable[[str], None] | None = None
+        self.reloaders: list[Callable[[], None]] = []  # what SIGHUP re-reads
+
+    def hangup(self) -> None:
+        """SIGHUP: re-read what can change without a restart. It never ends the server or drops work."""
+        log.info("SIGHUP: reloading %d part(s)", len(self.reloaders))
+        for reload in self.reloaders:
+            try:
+                reload()
+            except Exception as e:  # the last good state keeps serving
+                log.error("reload on SIGHUP failed: %s", e)
 
     def begin_drain(self) -> None:
         if self.engine is not None:
             self.engine.begin_drain()
+
+    async def start(self, engine: Engine) -> None:
+        why = await engine.start()
+        if why is not None:
+            self.fatal = why
+            log.critical(why)
+            if self.on_fatal is not None:
+                self.on_fatal(why)
 
 
 def build_engine(settings: Settings, metrics: Metrics, tracing: Tracing | None = None) -> Engine:
@@ -119,6 +142,11 @@ class EdgeMiddleware:
             await send(message)
 
         try:
+            engine = scope.get("state", {}).get("engine")  # the lifespan's state, once started
+            if route in SCORING_ROUTES and engine is not None and (refusal := engine.refuse_early()) is not None:
+                resp = error_response(refusal.kind, refusal.message, refusal.retry_after)
+                await resp(scope, receive, send_wrapped)
+                return
             replay = receive
             if scope["method"] in ("POST", "PUT", "PATCH"):
                 replay = None if self._declared_too_big(headers) else await self._buffer_body(receive)
@@ -189,7 +217,7 @@ def create_app(
         engine = build_engine(settings, metrics, tracing)
         lifecycle.engine = engine
         # Load and warm up in the background: the server answers /health/* (503) meanwhile.
-        starting = asyncio.create_task(engine.start(), name="qtrel-start")
+        starting = asyncio.create_task(lifecycle.start(engine), name="qtrel-start")
         try:
             yield {"engine": engine, "settings": settings, "metrics": metrics}  # request.state, for service.deps
         finally:

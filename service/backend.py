@@ -144,7 +144,12 @@ class NotReady(BackendError):
 
 
 class LoadFailed(BackendError):
-    """Loading or warming up the model failed; the reason is in the message."""
+    """Loading or warming up the model failed; the reason is in the message. `crashed`: the model process
+    exited (killed, out of memory) rather than the model refusing to load: worth another try."""
+
+    def __init__(self, message: str, crashed: bool = False):
+        super().__init__(message)
+        self.crashed = crashed
 
 
 class ModelError(BackendError):
@@ -221,8 +226,8 @@ class State(str, Enum):
     LOADING = "loading"
     WARMING = "warming"
     READY = "ready"
-    RESTARTING = "restarting"  # a model process died; a new one is being started
-    FAILED = "failed"  # a model could not be loaded: the pod must be replaced
+    RESTARTING = "restarting"  # a model process died; a new one is being started (with backoff)
+    FAILED = "failed"  # the model cannot be loaded at start: the server exits
     STOPPING = "stopping"
     STOPPED = "stopped"
 
@@ -230,8 +235,8 @@ class State(str, Enum):
 _ENDING = {State.STOPPING, State.STOPPED}
 # The one table of allowed transitions, for a replica and for the worker (whose state summarises them).
 TRANSITIONS: dict[State, frozenset[State]] = {
-    State.LOADING: frozenset({State.WARMING, State.READY, State.FAILED, *_ENDING}),
-    State.WARMING: frozenset({State.READY, State.FAILED, *_ENDING}),
+    State.LOADING: frozenset({State.WARMING, State.READY, State.RESTARTING, State.FAILED, *_ENDING}),
+    State.WARMING: frozenset({State.READY, State.RESTARTING, State.FAILED, *_ENDING}),
     State.READY: frozenset({State.RESTARTING, State.FAILED, *_ENDING}),
     State.RESTARTING: frozenset({State.READY, State.FAILED, *_ENDING}),
     State.FAILED: frozenset(_ENDING),

@@ -46,9 +46,9 @@ log = logging.getLogger("qtrel.worker")
 
 def child_main(conn, spec: LoadSpec) -> None:
     """Entry point of the model process: load, then answer messages until Stop or until the server
-    process goes away. Lifecycle signals are the server's to handle (it drains first)."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    process goes away. Lifecycle signals are the server's to handle (it drains, or reloads, first)."""
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):  # a terminal's hang-up reaches the group too
+        signal.signal(sig, signal.SIG_IGN)
     try:
         model = runner.load_model(spec)
         conn.send(Loaded(model.describe()))
@@ -102,7 +102,7 @@ class ProcessBackend(Backend):
             proc = ctx.Process(target=child_main, args=(child, self.spec), name=self.name, daemon=True)
             proc.start()
         except Exception as e:  # e.g. no memory left to start a process
-            raise LoadFailed(f"{type(e).__name__}: {e}") from e
+            raise LoadFailed(f"{type(e).__name__}: {e}", crashed=True) from e
         finally:
             child.close()  # so that the child's death reads as EOF here
         self._proc, self._conn = proc, parent
@@ -115,7 +115,7 @@ class ProcessBackend(Backend):
         try:
             self._conn.send(WarmUp())
         except (OSError, ValueError) as e:
-            raise LoadFailed(f"the model process is gone ({e})") from e
+            raise LoadFailed(f"the model process is gone ({e})", crashed=True) from e
         reply = self._await_start("warming up")
         if not isinstance(reply, Ready):
             raise LoadFailed(f"unexpected reply {type(reply).__name__} while warming up")
@@ -125,7 +125,9 @@ class ProcessBackend(Backend):
             reply = self._conn.recv()
         except (EOFError, OSError):
             self._proc.join(5)
-            raise LoadFailed(f"the model process exited while {what} (exit code {self._proc.exitcode})") from None
+            raise LoadFailed(
+                f"the model process exited while {what} (exit code {self._proc.exitcode})", crashed=True
+            ) from None
         if isinstance(reply, Failed):
             self._proc.join(5)
             raise LoadFailed(reply.reason)

@@ -76,6 +76,7 @@ class Item:
     deadline: float | None  # monotonic seconds
     enqueued: float = field(default_factory=time.monotonic)
     trace: Any = None  # the submitter's trace context, for the BatchTracer only
+    tag: str | None = None  # the submitter's name for its work (a request id), for logs only
 
 
 def padded_tokens(lengths: Sequence[int]) -> int:
@@ -97,6 +98,8 @@ def plan_batch(window: Sequence[Item], max_tokens: int, max_size: int) -> list[I
 
 
 class Batcher:
+    """`run` returns one result per item, in order; a result that is an exception fails its item alone."""
+
     def __init__(
         self,
         run: Callable[[list[Any]], Awaitable[list[Any]]],
@@ -142,6 +145,10 @@ class Batcher:
         backlog = self._outstanding_items
         return max(1.0, math.ceil(backlog / self._rate)) if self._rate > 0 else 1.0
 
+    def full(self) -> bool:
+        """Nothing more can be admitted now: not even one item."""
+        return self._outstanding_items >= self.max_queue_items or self._outstanding_tokens >= self.max_queue_tokens
+
     def check_admission(self, items: int, tokens: int = 0) -> None:
         """Raise Overloaded (or Closed) if `items` more could not be admitted now."""
         if self._closed:
@@ -152,10 +159,15 @@ class Batcher:
             raise Overloaded("tokens", self.retry_after())
 
     def submit(
-        self, work: Sequence[tuple[int, Any]], deadline: float | None = None, trace: Any = None
+        self,
+        work: Sequence[tuple[int, Any]],
+        deadline: float | None = None,
+        trace: Any = None,
+        tag: str | None = None,
     ) -> list[asyncio.Future]:
         """Queue (length, payload) items; returns one future per item, resolved with its result. `trace`:
-        an opaque context handed back to the tracer with this work's batch timings."""
+        an opaque context handed back to the tracer with this work's batch timings; `tag` names the work
+        in the log line of an item that fails alone."""
         if any(length > self.max_batch_tokens for length, _ in work):
             raise ValueError(f"an item is longer than max_batch_tokens ({self.max_batch_tokens})")
         self.check_admission(len(work), sum(length for length, _ in work))
@@ -163,7 +175,7 @@ class Batcher:
         futures = []
         for length, payload in work:
             fut = loop.create_future()
-            self._pending.append(Item(length, payload, fut, deadline, trace=trace))
+            self._pending.append(Item(length, payload, fut, deadline, trace=trace, tag=tag))
             futures.append(fut)
         self._outstanding_items += len(work)
         self._outstanding_tokens += sum(length for length, _ in work)
@@ -277,7 +289,12 @@ class Batcher:
         try:
             results = await self._run([it.payload for it in batch])
             for it, res in zip(batch, results, strict=True):
-                if not it.future.done():
+                if it.future.done():
+                    continue
+                if isinstance(res, BaseException):  # this item failed alone; the others have results
+                    log.error("an item of %s failed alone: %s", it.tag or "untagged work", res)
+                    it.future.set_exception(res)
+                else:
                     it.future.set_result(res)
         except asyncio.CancelledError as e:
             error = e

@@ -83,7 +83,11 @@ def _add_serve(sub) -> None:
 
 
 def serve(settings) -> int:
-    """Run uvicorn on the app; SIGTERM turns readiness off at once, then drains and exits."""
+    """Run uvicorn on the app; SIGTERM turns readiness off at once, then drains and exits. A model that
+    cannot be loaded at start ends the process with exit code 1 and a one-line reason on stderr, so that
+    an orchestrator shows the crash and its message. SIGHUP never ends the server (it drops no work)."""
+    import signal
+
     import uvicorn
 
     from service.app import Lifecycle, create_app
@@ -110,7 +114,17 @@ def serve(settings) -> int:
     from service.runtime import quiet_gc
 
     quiet_gc()  # this process is the server's alone: keep the start-up objects out of the GC's scans
-    Server(config).run()
+    server = Server(config)
+
+    def fatal(why: str) -> None:
+        server.should_exit = True  # stop at once: there is no work to drain
+
+    lifecycle.on_fatal = fatal
+    signal.signal(signal.SIGHUP, lambda sig, frame: lifecycle.hangup())
+    server.run()
+    if lifecycle.fatal:
+        print(f"qtrel serve: {lifecycle.fatal}", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -19,6 +19,7 @@ from model.tokenizer import EncodedPairs
 from service.backend import BackendError, State
 from service.batcher import Batcher, Closed, DeadlineExceeded, Overloaded
 from service.errors import ErrorKind, ServiceError
+from service.logs import request_id
 from service.metrics import Metrics
 from service.runtime import Runtime, package_version
 from service.settings import Settings
@@ -71,7 +72,8 @@ class Engine:
         self._tok_pool = ThreadPoolExecutor(1, thread_name_prefix="qtrel-tokenize")
 
     # --- lifecycle ----------------------------------------------------------------------------
-    async def start(self) -> None:
+    async def start(self) -> str | None:
+        """Load and warm up; None once serving, else why the model cannot be served (the caller exits)."""
         self.batcher.start()
         self.worker.start()
         await self.worker.wait_ready()
@@ -79,6 +81,10 @@ class Engine:
             m = self._model()
             self.metrics.model_info.labels(m.name, str(m.device), m.dtype, package_version()).set(1)
             self.metrics.ready.set(1)
+            return None
+        if self.worker.state == State.FAILED:
+            return f"model failed to load: {self.worker.error}"
+        return None  # stopping before the model was up
 
     def readiness(self) -> tuple[bool, str]:
         """The one readiness rule: the model is loaded and warmed up, a model process serves, and the
@@ -91,6 +97,8 @@ class Engine:
         return state == State.READY, state.value
 
     def liveness(self) -> tuple[bool, str]:
+        if loops := self.worker.crash_loops():
+            return False, f"crash loop: model process {loops} restarted too often"
         return self.worker.alive(), self.worker.state.value
 
     def begin_drain(self) -> None:
@@ -136,9 +144,20 @@ class Engine:
         return info
 
     def _check_ready(self) -> None:
+        """Take work while a model serves, or while its processes restart (the work waits for them; its
+        deadline and the queue's bounds still hold), so that a crash fails no request."""
         ok, why = self.readiness()
-        if not ok:
+        if not ok and not (why == State.RESTARTING.value and self.worker.info is not None):
             raise ServiceError(ErrorKind.NOT_READY, f"not ready: {why}", retry_after=1)
+
+    def refuse_early(self) -> ServiceError | None:
+        """The 429 for a scoring request while admission is full, before its body is read or parsed: under
+        overload, refusing costs microseconds and leaves the cores to the work admitted."""
+        if not self.batcher.full():
+            return None
+        self.metrics.rejected.labels("overloaded").inc()
+        retry = self.batcher.retry_after()
+        return ServiceError(ErrorKind.OVERLOADED, f"queue full; retry in {retry:.0f}s", retry_after=retry)
 
     def _admit(self, pairs: int) -> None:
         try:
@@ -182,7 +201,10 @@ class Engine:
             )
         try:
             futures = self.batcher.submit(
-                list(zip(enc.lengths, zip(enc.input_ids, enc.token_type_ids))), deadline, trace=self.tracing.context()
+                list(zip(enc.lengths, zip(enc.input_ids, enc.token_type_ids))),
+                deadline,
+                trace=self.tracing.context(),
+                tag=f"request {request_id.get() or '-'}",
             )
         except Overloaded as e:
             self.metrics.rejected.labels("overloaded").inc()

@@ -47,23 +47,32 @@ class Metrics:
         self.levels = Counter("qtrel_predicted_level", "Predicted levels", ["level"], registry=r)
         self.worker_restarts = Counter(
             "qtrel_worker_restarts",
-            "Model processes restarted, by reason: died (it exited) or timeout (the watchdog killed it)",
+            "Model processes restarted, by reason: died (it exited), timeout (the watchdog killed it) or "
+            "load_failed (a replacement could not load); a crash loop shows as a steady rate",
             ["reason"],
             registry=r,
         )
-        for reason in ("died", "timeout"):
+        for reason in ("died", "timeout", "load_failed"):
             self.worker_restarts.labels(reason)
         self.batches_retried = Counter(
             "qtrel_batches_retried", "Batches retried because their model process died or was killed", registry=r
         )
         self.batches_failed = Counter(
             "qtrel_batches_failed",
-            "Batches whose requests failed, by reason: process_died (twice) or error (the model raised)",
+            "Batches whose requests failed, by reason: process_died (twice) or error (the model raised); "
+            "after isolation, a batch of the one failing pair",
+            ["reason"],
+            registry=r,
+        )
+        self.batches_split = Counter(
+            "qtrel_batches_split",
+            "Failed batches split in halves to isolate a failing (poison) pair, by reason: process_died or error",
             ["reason"],
             registry=r,
         )
         for reason in ("process_died", "error"):
             self.batches_failed.labels(reason)
+            self.batches_split.labels(reason)
         self.ready = Gauge("qtrel_ready", "1 when the model is loaded, warmed up and not draining", registry=r)
         self.model_info = Gauge(
             "qtrel_model_info", "Model being served", ["model", "device", "dtype", "version"], registry=r
@@ -97,6 +106,9 @@ class Metrics:
 
     def batch_failed(self, reason: str) -> None:
         self.batches_failed.labels(reason).inc()
+
+    def batch_split(self, reason: str) -> None:
+        self.batches_split.labels(reason).inc()
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -4,12 +4,16 @@ It runs `replicas` backends (`service.backend`), each driven by one replica thre
 job from one shared queue when its model is free, so a model is never used by two callers at once. The
 event loop hands jobs over with `run` (a batch) and `job` (a named extra job, e.g. "explain") and only
 awaits. State lives in one place per part: each replica's `StateMachine`, and the worker's, which
-summarises them (loading, warming, ready, restarting, failed, stopping, stopped).
+summarises them (loading, warming, ready, restarting, failed, stopping, stopped): ready while one
+replica is.
 
-Faults: an error the model raises fails only its job. A model process that dies, or that the watchdog
-kills because it held one job longer than `batch_timeout_s` (stuck, or stopped), is restarted by its
-replica while the others keep serving; a batch it held is retried once on a live process (a second
-death fails it: a poison batch). If a model cannot be loaded, the worker is `failed`.
+Faults: a model process that dies -- in a job, while idle, or while loading or warming up after a
+restart -- or that the watchdog kills because it held one job longer than `batch_timeout_s` (stuck, or
+stopped), is replaced by its replica while the others keep serving, with backoff when it keeps dying
+(`RestartPolicy`); a crash loop shows in `alive()`. A batch whose process died is retried once; a batch
+that fails again, or that the model raised for, is split in halves and each half retried, so that only
+the pair that fails alone fails (a poison request) and the others get their scores. Only a checkpoint
+that cannot be loaded at start fails the worker.
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -29,11 +33,12 @@ from model.classifier import RelevanceModel
 from model.tokenizer import PairTokenizer
 from service.backend import (
     Backend,
+    BackendError,
     Encoded,
     Forward,
     Job,
-    LoadFailed,
     LoadSpec,
+    ModelError,
     NotReady,
     ProcessDied,
     State,
@@ -41,131 +46,18 @@ from service.backend import (
 )
 from service.backend_process import ProcessBackend
 from service.backend_thread import ThreadBackend
+from service.replica import ENDING, Replica, RestartPolicy
 from service.worker_api import ModelInfo, NoObserver, PairOutput, WorkerObserver
 
-__all__ = ["ModelInfo", "PairOutput", "Worker", "WorkerObserver"]
+__all__ = ["ModelInfo", "PairOutput", "RestartPolicy", "Worker", "WorkerObserver"]
 
 log = logging.getLogger("qtrel.worker")
-
-ENDING = frozenset({State.STOPPING, State.STOPPED})
 
 
 @dataclass(eq=False)
 class Pending:
     message: Forward | Job
     future: cf.Future
-
-
-class Replica:
-    """One backend and the thread that alone drives it: start it, serve jobs from the shared queue,
-    restart it when its process dies. It reports to its worker only through the callbacks it is given."""
-
-    def __init__(
-        self,
-        index: int,
-        make_backend: Callable[[int], Backend],
-        jobs: queue.Queue,
-        on_change: Callable[[], None],
-        on_loaded: Callable[[dict], None],
-        on_restart: Callable[[str], None],
-    ):
-        self.index = index
-        self.error: str | None = None  # why the model could not be (re)loaded
-        self.machine = StateMachine(on_change=lambda old, new: on_change())
-        self.thread = threading.Thread(target=self._main, name=f"qtrel-worker-{index}", daemon=True)
-        self._make_backend = make_backend
-        self._jobs = jobs
-        self._on_loaded = on_loaded
-        self._on_restart = on_restart
-        self._backend: Backend | None = None
-
-    @property
-    def state(self) -> State:
-        return self.machine.state
-
-    @property
-    def backend(self) -> Backend | None:
-        return self._backend
-
-    def request_stop(self) -> None:
-        self.machine.advance(State.STOPPING)
-
-    def close(self) -> None:
-        if self._backend is not None:
-            self._backend.close()
-        self.machine.advance(State.STOPPED)
-
-    def _start_backend(self, restarting: bool) -> bool:
-        """Load and warm up a new backend; False if it failed (the replica is then `failed`) or stop began."""
-        self._backend = backend = self._make_backend(self.index)
-        try:
-            self._on_loaded(backend.load())
-            if not restarting:
-                self.machine.advance(State.WARMING)
-            if self.machine.ending:
-                return False
-            backend.warm_up()
-        except LoadFailed as e:
-            self.error = str(e)
-            self.machine.advance(State.FAILED)
-            return False
-        if not self.machine.advance(State.READY):
-            return False
-        log.info("model %d %s (pid %s)", self.index, "restarted" if restarting else "ready", backend.pid)
-        return True
-
-    def _restart(self, reason: str, detail: str) -> bool:
-        if self.machine.ending or not self.machine.advance(State.RESTARTING):
-            return False
-        log.error(
-            "model process %d %s (%s); restarting it",
-            self.index,
-            "timed out" if reason == "timeout" else "died",
-            detail,
-        )
-        self._on_restart(reason)
-        if self._backend is not None:
-            self._backend.close()
-        return self._start_backend(restarting=True)
-
-    def _restart_if_dead(self) -> bool:
-        """False if the model process is dead and could not be replaced."""
-        assert self._backend is not None
-        health = self._backend.health()
-        return health.alive or self._restart("died", health.detail)
-
-    def _main(self) -> None:
-        if not self._start_backend(restarting=False):
-            return
-        while not self.machine.ending:
-            try:
-                item = self._jobs.get(timeout=0.5)
-            except queue.Empty:  # idle: notice a dead model process before a request does
-                if not self._restart_if_dead():
-                    return
-                continue
-            if item is None:
-                self._jobs.put(None)  # the other replicas stop too
-                return
-            if not item.future.set_running_or_notify_cancel():
-                continue
-            if not self._restart_if_dead():
-                item.future.set_exception(NotReady(self.error or self.state.value))
-                return
-            try:
-                item.future.set_result(self._execute(item.message))
-            except ProcessDied as e:
-                item.future.set_exception(e)
-                if not self._restart(e.reason, str(e)):
-                    return
-            except Exception as e:  # this job only
-                item.future.set_exception(e)
-
-    def _execute(self, message: Forward | Job) -> Any:
-        assert self._backend is not None
-        if isinstance(message, Forward):
-            return self._backend.forward(message.batch)
-        return self._backend.job(message.name, message.args, message.kwargs)
 
 
 class Worker:
@@ -179,6 +71,7 @@ class Worker:
         replicas: int = 1,
         observer: WorkerObserver | None = None,
         batch_timeout_s: float | None = None,
+        restarts: RestartPolicy | None = None,
     ):
         if mode not in ("process", "thread"):
             raise ValueError(f"worker mode must be 'process' or 'thread', got {mode!r}")
@@ -194,11 +87,13 @@ class Worker:
         self._lock = threading.RLock()  # the summary state, info, restarts; submitting against failing
         self._machine = StateMachine(on_change=self._changed)
 
+        policy = restarts or RestartPolicy()
+
         def make_backend(index: int) -> Backend:
             return ThreadBackend(spec) if mode == "thread" else ProcessBackend(spec, f"qtrel-model-{index}")
 
         self._replicas = [
-            Replica(i, make_backend, self._jobs, self._replica_changed, self._loaded, self._restarted)
+            Replica(i, make_backend, self._jobs, self._replica_changed, self._loaded, self._restarted, policy)
             for i in range(replicas)
         ]
         self._watchdog = (
@@ -229,7 +124,14 @@ class Worker:
         return b.model if isinstance(b, ThreadBackend) else None
 
     def alive(self) -> bool:
+        """Liveness: a replica thread runs (or the model still loads) and no model process is in a crash loop."""
+        if any(r.crash_looping for r in self._replicas):
+            return False
         return any(r.thread.is_alive() for r in self._replicas) or self.state == State.LOADING
+
+    def crash_loops(self) -> list[int]:
+        """The replicas whose model process restarted `crash_loop` times within the policy's window."""
+        return [r.index for r in self._replicas if r.crash_looping]
 
     def describe(self) -> dict:
         return {
@@ -237,6 +139,7 @@ class Worker:
             "replicas": self.size,
             "threads": self.spec.threads,
             "restarts": self.restarts,
+            "replica_states": [r.state.value for r in self._replicas],
             "pids": self.pids,
             "batch_timeout_s": self.batch_timeout_s,
         }
@@ -275,23 +178,39 @@ class Worker:
             self._jobs.put(Pending(message, fut))
         return fut
 
-    async def run(self, batch: Sequence[Encoded]) -> list[PairOutput]:
-        """Forward one batch on a model; retried once if its model process died meanwhile."""
-        message = Forward(list(batch))
+    async def run(self, batch: Sequence[Encoded]) -> list[PairOutput | BackendError]:
+        """Forward one batch on a model: one entry per pair, its scores, or the error of a pair that failed
+        alone. A batch whose process died is retried once; one that fails again, or that the model raised
+        for, is split in halves and each is tried once more, down to the single pair that fails."""
+        return await self._isolating(list(batch), retry=True)
+
+    async def _isolating(self, batch: list[Encoded], retry: bool) -> list[PairOutput | BackendError]:
+        failure: ProcessDied | ModelError
         try:
-            try:
-                scores = await asyncio.wrap_future(self._submit(message))
-            except ProcessDied as e:
+            scores = await asyncio.wrap_future(self._submit(Forward(batch)))
+        except ProcessDied as e:
+            if retry:
                 self._obs.batch_retried()
                 log.warning("retrying a batch of %d pairs: %s", len(batch), e)
-                scores = await asyncio.wrap_future(self._submit(message))
-        except asyncio.CancelledError:
+                return await self._isolating(batch, retry=False)
+            failure = e
+        except ModelError as e:
+            failure = e
+        except Exception:  # not ready, stopping: nothing to isolate
+            self._obs.batch_failed("error")
             raise
-        except Exception as e:
-            self._obs.batch_failed("process_died" if isinstance(e, ProcessDied) else "error")
-            raise
-        self._obs.forwarded(scores.seconds)
-        return [PairOutput(*row) for row in zip(scores.logits, scores.probs, scores.level, scores.expected)]
+        else:
+            self._obs.forwarded(scores.seconds)
+            return [PairOutput(*row) for row in zip(scores.logits, scores.probs, scores.level, scores.expected)]
+        reason = "process_died" if isinstance(failure, ProcessDied) else "error"
+        if len(batch) == 1:
+            self._obs.batch_failed(reason)
+            return [failure]
+        self._obs.batch_split(reason)
+        log.warning("splitting a failed batch of %d pairs to isolate the failing pair: %s", len(batch), failure)
+        mid = len(batch) // 2
+        left, right = await asyncio.gather(self._isolating(batch[:mid], False), self._isolating(batch[mid:], False))
+        return left + right
 
     async def job(self, name: str, *args: Any, **kwargs: Any) -> Any:
         """The named job `name` (service.runner.JOBS, or the spec's jobs) run on a model between batches;
@@ -304,12 +223,14 @@ class Worker:
         if current in ENDING:
             return current
         states = [r.state for r in self._replicas]
-        if State.FAILED in states:
+        if State.FAILED in states:  # only at the first start: the checkpoint cannot be loaded
             return State.FAILED
-        if current in (State.READY, State.RESTARTING):  # serving while at least one replica is up
-            return State.READY if State.READY in states else State.RESTARTING
-        if all(s == State.READY for s in states):
-            return State.READY
+        serving = current in (State.READY, State.RESTARTING)
+        if serving or all(s in (State.READY, State.RESTARTING) for s in states):
+            if State.READY in states:  # ready while one model process is
+                return State.READY
+            if serving:
+                return State.RESTARTING
         return State.LOADING if State.LOADING in states else State.WARMING
 
     def _replica_changed(self) -> None:

@@ -42,6 +42,7 @@ class WorkerObserver(Protocol):
     def restarted(self, reason: str) -> None: ...
     def batch_retried(self) -> None: ...
     def batch_failed(self, reason: str) -> None: ...
+    def batch_split(self, reason: str) -> None: ...
 
 
 class NoObserver:
@@ -55,4 +56,7 @@ class NoObserver:
         pass
 
     def batch_failed(self, reason: str) -> None:
+        pass
+
+    def batch_split(self, reason: str) -> None:
         pass

@@ -25,7 +25,8 @@ MAX_LINES = 400  # "a file that grows past ~400 lines usually owns two things" (
 
 WEB = ("fastapi", "starlette", "uvicorn")
 HTTP = ("service/routes*", "service/deps.py", "service/explain.py", "service/http*")  # route handlers
-RUNTIME = ("service/engine*", "service/worker*", "service/backend*", "service/runner*", "service/runtime*")
+RUNTIME = ("service/engine*", "service/worker*", "service/replica*", "service/backend*", "service/runner*",
+           "service/runtime*")  # fmt: skip
 RUNTIME_MODULES = tuple(p.replace("/", ".") for p in RUNTIME)  # below HTTP, above the model
 # What a handler may use of the project: its dependencies (service.deps), the engine's public types, the
 # schemas, errors, settings and metrics, and the model's scored-batch contract.

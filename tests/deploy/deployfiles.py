@@ -48,6 +48,7 @@ SPEC_METRICS: dict[str, tuple[str, frozenset[str]]] = {
     "qtrel_worker_restarts_total": ("counter", frozenset({"reason"})),
     "qtrel_batches_retried_total": ("counter", frozenset()),
     "qtrel_batches_failed_total": ("counter", frozenset({"reason"})),
+    "qtrel_batches_split_total": ("counter", frozenset({"reason"})),
 }
 HISTOGRAM_SUFFIXES = ("_bucket", "_sum", "_count")
 # Labels that Prometheus adds at scrape time (job, instance) or the in-cluster relabelling adds.

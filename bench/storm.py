@@ -1,0 +1,264 @@
+"""Two long scenarios against a real `qtrel serve` (run through bench/stress.py):
+
+  python bench/stress.py killstorm            # SIGKILL a random model process every 3 s for 30 s, 16 clients
+  python bench/stress.py soak --seconds 1800  # 30 minutes of mixed traffic; --seconds 60 for a short run
+
+The clients are aiohttp (one event loop, little CPU beside the server's); every figure is counted by
+the client and cross-checked with the server's own metrics.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import random
+import signal
+import time
+from pathlib import Path
+
+import aiohttp
+import httpx
+from live import Server, pct, statuses, title
+
+
+class Log:
+    """Every answered request: when it ended, its status, its latency, its pairs."""
+
+    def __init__(self) -> None:
+        self.rows: list[tuple[float, int | str, float, int]] = []
+
+    def add(self, status: int | str, latency: float, pairs: int) -> None:
+        self.rows.append((time.monotonic(), status, latency, pairs))
+
+    def window(self, t0: float, t1: float) -> list[tuple[float, int | str, float, int]]:
+        return [r for r in self.rows if t0 <= r[0] < t1]
+
+
+def summary(rows, seconds: float) -> dict:
+    st: dict[str, int] = {}
+    for r in rows:
+        st[str(r[1])] = st.get(str(r[1]), 0) + 1
+    ok = [r for r in rows if r[1] == 200]
+    return {
+        "requests": len(rows),
+        "statuses": st,
+        "pairs_per_s": round(sum(r[3] for r in ok) / seconds, 1) if seconds > 0 else None,
+        "p50_ms": pct([r[2] for r in ok], 0.5),
+        "p99_ms": pct([r[2] for r in ok], 0.99),
+    }
+
+
+async def post(s: aiohttp.ClientSession, url: str, body, log: Log, pairs: int, timeout: float = 120) -> None:
+    t0 = time.perf_counter()
+    try:
+        async with s.post(url, json=body, timeout=aiohttp.ClientTimeout(total=timeout)) as r:
+            await r.read()
+            log.add(r.status, time.perf_counter() - t0, pairs)
+    except (TimeoutError, aiohttp.ClientError) as e:
+        log.add(type(e).__name__, time.perf_counter() - t0, pairs)
+
+
+def worker_pids(srv: Server) -> list[int]:
+    return httpx.get(srv.url + "/info", timeout=5).json()["worker"]["pids"]
+
+
+def health(srv: Server) -> dict:
+    return {p: httpx.get(srv.url + f"/health/{p}", timeout=5).status_code for p in ("ready", "live")}
+
+
+# --- the kill storm -------------------------------------------------------------------------------
+async def killstorm(a) -> dict:
+    srv = Server(a.model, "--request-timeout-ms", "120000")
+    try:
+        srv.wait_ready()
+        rng = random.Random(3)
+        log = Log()
+        stop = asyncio.Event()
+
+        async def client(s: aiohttp.ClientSession, n: int) -> None:
+            while not stop.is_set():
+                body = {"query": title(rng), "titles": [title(rng) for _ in range(n)]}
+                await post(s, srv.url + "/score", body, log, n)
+
+        kills: list[dict] = []
+        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as s:
+            sizes = [1] * (a.clients - a.clients // 4) + [50] * (a.clients // 4)
+            tasks = [asyncio.create_task(client(s, n)) for n in sizes]
+            await asyncio.sleep(a.before)
+            t_storm = time.monotonic()
+            while time.monotonic() - t_storm < a.storm:
+                pids = await asyncio.to_thread(worker_pids, srv)
+                if pids:
+                    pid = rng.choice(pids)
+                    try:
+                        os.kill(pid, signal.SIGKILL)
+                        kills.append({"t": round(time.monotonic() - t_storm, 2), "pid": pid})
+                    except ProcessLookupError:
+                        pass
+                await asyncio.sleep(a.every)
+            t_end = time.monotonic()
+            after_storm = await asyncio.to_thread(health, srv)
+            await asyncio.sleep(a.after)
+            stop.set()
+            await asyncio.gather(*tasks)
+        t_done = time.monotonic()
+        base = summary(log.window(t_storm - a.before, t_storm), a.before)
+        # Back at full speed: the first second after the storm from which a 3 s window serves >= 90% of
+        # the pairs/s before it.
+        recovered = None
+        for k in range(int(a.after) - 2):
+            w = summary(log.window(t_end + k, t_end + k + 3), 3)
+            if base["pairs_per_s"] and (w["pairs_per_s"] or 0) >= 0.9 * base["pairs_per_s"]:
+                recovered = k
+                break
+        return {
+            "scenario": "killstorm",
+            "clients": a.clients,
+            "kill_every_s": a.every,
+            "storm_s": a.storm,
+            "kills": len(kills),
+            "kill_times": kills,
+            "before": base,
+            "during": summary(log.window(t_storm, t_end), t_end - t_storm),
+            "after": summary(log.window(t_end, t_done), t_done - t_end),
+            "health_right_after_storm": after_storm,
+            "health_at_end": health(srv),
+            "recovered_full_speed_after_s": recovered,
+            "server_statuses": statuses(srv),
+            "worker_restarts": srv.metric("qtrel_worker_restarts_total"),
+            "batches_retried": srv.metric("qtrel_batches_retried_total"),
+            "batches_split": srv.metric("qtrel_batches_split_total"),
+            "batches_failed": srv.metric("qtrel_batches_failed_total"),
+        }
+    finally:
+        srv.stop()
+
+
+# --- the soak -------------------------------------------------------------------------------------
+def proc_sample(pid: int) -> dict:
+    status = Path(f"/proc/{pid}/status").read_text()
+    fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
+    return {
+        "rss_mb": round(int(fields["VmRSS"].split()[0]) / 1024, 1),
+        "threads": int(fields["Threads"]),
+        "fds": len(os.listdir(f"/proc/{pid}/fd")),
+    }
+
+
+async def soak(a) -> dict:
+    srv = Server(a.model, "--max-queue-pairs", str(a.queue_pairs), "--request-timeout-ms", "30000")
+    try:
+        srv.wait_ready()
+        rng = random.Random(4)
+        log = Log()
+        stop = asyncio.Event()
+        u = srv.url
+        bad = [  # each must be refused with a 4xx, never a 5xx
+            ("/score", {"query": "", "titles": ["x"]}),
+            ("/score", {"query": "q", "titles": []}),
+            ("/score", {"pairs": [{"query": "q"}]}),
+            ("/score", {"query": "q", "titles": ["x"], "truncation": "middle"}),
+            ("/v1/rerank", {"query": "q"}),
+            ("/tokenize", {"query": 3, "titles": ["x"]}),
+        ]
+
+        async def mixed(s: aiohttp.ClientSession) -> None:
+            while not stop.is_set():
+                x = rng.random()
+                q = title(rng)
+                if x < 0.45:
+                    await post(s, u + "/score", {"query": q, "titles": [title(rng)]}, log, 1)
+                elif x < 0.65:
+                    await post(s, u + "/score", {"query": q, "titles": [title(rng) for _ in range(50)]}, log, 50)
+                elif x < 0.8:
+                    docs = [title(rng) for _ in range(20)]
+                    await post(s, u + "/v1/rerank", {"model": "m", "query": q, "documents": docs, "top_n": 3}, log, 20)
+                elif x < 0.85:
+                    await post(s, u + "/explain", {"query": q, "title": title(rng)}, log, 1)
+                elif x < 0.92:
+                    await post(s, u + "/tokenize", {"query": q, "titles": [title(rng)]}, log, 0)
+                else:
+                    path, body = rng.choice(bad)
+                    await post(s, u + path, body, log, 0)
+
+        async def hangups(s: aiohttp.ClientSession) -> None:
+            while not stop.is_set():
+                body = {"query": title(rng), "titles": [title(rng) for _ in range(200)]}
+                await post(s, u + "/score", body, log, 0, timeout=0.05)
+                await asyncio.sleep(0.5)
+
+        async def bursts(s: aiohttp.ClientSession) -> None:  # now and then more than the queue holds: 429s
+            while not stop.is_set():
+                await asyncio.sleep(a.burst_every)
+                body = {"query": title(rng), "titles": [title(rng) for _ in range(50)]}
+                await asyncio.gather(*(post(s, u + "/score", body, log, 50) for _ in range(12)))
+
+        samples: list[dict] = []
+        t0 = time.monotonic()
+        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as s:
+            tasks = [asyncio.create_task(mixed(s)) for _ in range(a.clients)]
+            tasks += [asyncio.create_task(hangups(s)), asyncio.create_task(bursts(s))]
+            last = t0
+            while time.monotonic() - t0 < a.seconds:
+                await asyncio.sleep(a.sample_every)
+                now = time.monotonic()
+                pids = await asyncio.to_thread(worker_pids, srv)
+                win = summary(log.window(last, now), now - last)
+                samples.append(
+                    {
+                        "t_s": round(now - t0),
+                        "server": proc_sample(srv.proc.pid),
+                        "models": [proc_sample(p) for p in pids],
+                        "p99_ms": win["p99_ms"],
+                        "pairs_per_s": win["pairs_per_s"],
+                        "5xx": sum(v for k, v in win["statuses"].items() if k.startswith("5")),
+                    }
+                )
+                last = now
+            stop.set()
+            await asyncio.gather(*tasks)
+        total = summary(log.rows, time.monotonic() - t0)
+        warm = samples[max(0, len(samples) // 5 - 1)]  # after warm-up: the end of the first fifth
+        end = samples[-1]
+
+        def growth(key: str) -> dict:
+            def rss(sample):
+                return sample["server"]["rss_mb"] + sum(m["rss_mb"] for m in sample["models"])
+
+            if key == "rss_mb":
+                return {"after_warmup": round(rss(warm), 1), "end": round(rss(end), 1), "growth": rss(end) / rss(warm)}
+            vals = [x["server"][key] + sum(m[key] for m in x["models"]) for x in samples]
+            return {"min": min(vals), "max": max(vals), "after_warmup": vals[len(samples) // 5 - 1 or 0]}
+
+        p99s = [x["p99_ms"] for x in samples if x["p99_ms"] is not None]
+        return {
+            "scenario": "soak",
+            "seconds": a.seconds,
+            "clients": a.clients,
+            "total": total,
+            "server_5xx": sum(v for k, v in statuses(srv).items() if k.startswith("5")),
+            "server_statuses": statuses(srv),
+            "rss_mb_all_processes": growth("rss_mb"),
+            "open_fds_all_processes": growth("fds"),
+            "threads_all_processes": growth("threads"),
+            "p99_ms_per_window": {"first_after_warmup": p99s[len(p99s) // 5] if p99s else None, "max": max(p99s)},
+            "worker_restarts": srv.metric("qtrel_worker_restarts_total"),
+            "health_at_end": health(srv),
+            "samples": samples,
+        }
+    finally:
+        srv.stop()
+
+
+def add_arguments(p) -> None:
+    p.add_argument("--every", type=float, default=3.0, help="killstorm: seconds between kills")
+    p.add_argument("--storm", type=float, default=30.0, help="killstorm: seconds of kills")
+    p.add_argument("--before", type=float, default=10.0, help="killstorm: seconds of load before the storm")
+    p.add_argument("--after", type=float, default=20.0, help="killstorm: seconds of load after the storm")
+    p.add_argument("--sample-every", type=float, default=10.0, help="soak: seconds between samples")
+    p.add_argument("--burst-every", type=float, default=20.0, help="soak: seconds between overload bursts")
+
+
+if __name__ == "__main__":
+    print(json.dumps({"use": "python bench/stress.py killstorm|soak"}))

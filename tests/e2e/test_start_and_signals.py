@@ -1,0 +1,127 @@
+"""`qtrel serve` as a real process: a checkpoint that cannot load ends it at once with a one-line reason;
+SIGHUP under load ends nothing and drops no request; a storm of model-process kills fails no request."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import signal
+import subprocess
+import time
+
+import httpx
+import pytest
+
+from tests.conftest import read_pairs
+from tests.e2e.test_sigterm import start_server, wait_ready
+from tests.service.conftest import free_port
+
+
+def model_pids(server_pid: int) -> list[int]:
+    """The server's child processes that are model processes (spawned by multiprocessing)."""
+    out = subprocess.run(["ps", "-o", "pid=,args=", "--ppid", str(server_pid)], capture_output=True, text=True)
+    return [int(line.split()[0]) for line in out.stdout.splitlines() if "multiprocessing.spawn" in line]
+
+
+@pytest.mark.parametrize("broken", ["missing", "truncated"])
+def test_a_checkpoint_that_cannot_load_ends_serve_with_its_reason(tiny_checkpoint, tmp_path, broken):
+    if broken == "missing":
+        model = tmp_path / "no" / "such" / "dir"
+    else:
+        model = tmp_path / "truncated"
+        shutil.copytree(tiny_checkpoint, model)
+        weights = model / "model.safetensors"
+        weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+    t0 = time.monotonic()
+    proc = start_server(model, free_port())
+    out, _ = proc.communicate(timeout=120)
+    assert proc.returncode != 0, out
+    assert time.monotonic() - t0 < 60
+    last = out.strip().splitlines()[-1]
+    assert last.startswith("qtrel serve: ") and str(model.name) in out, out
+    if broken == "truncated":
+        assert "model failed to load" in last and "cannot read weights" in last, last
+
+
+def test_sighup_under_load_drops_nothing_and_the_server_serves_on(tiny_checkpoint):
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    proc = start_server(tiny_checkpoint, port, "--max-batch-size", "2", "--request-timeout-ms", "120000")
+    try:
+        wait_ready(url, proc)
+        titles = [t for _, t in read_pairs(10)]
+
+        async def main():
+            async with httpx.AsyncClient(timeout=60) as client:
+                tasks = [
+                    asyncio.create_task(client.post(url + "/score", json={"query": "drill", "titles": titles}))
+                    for _ in range(20)
+                ]
+                await asyncio.sleep(0.3)
+                for _ in range(3):
+                    proc.send_signal(signal.SIGHUP)
+                    await asyncio.sleep(0.1)
+                return await asyncio.gather(*tasks, return_exceptions=True)
+
+        results = asyncio.run(main())
+        assert all(isinstance(r, httpx.Response) and r.status_code == 200 for r in results), results
+        assert proc.poll() is None
+        assert httpx.get(url + "/health/ready", timeout=5).status_code == 200
+    finally:
+        proc.terminate()
+        proc.wait(30)
+
+
+def test_a_kill_storm_fails_no_request_and_the_server_recovers(tiny_checkpoint):
+    """Two model processes; under 8 clients, SIGKILL a random live model process every 0.4 s for 6 s
+    (so that some kills land on a replacement still loading or warming up). No request fails, and
+    within seconds of the storm both processes serve again and the server is ready and live."""
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    proc = start_server(tiny_checkpoint, port, "--replicas", "2", "--request-timeout-ms", "120000")
+    try:
+        wait_ready(url, proc)
+        titles = [t for _, t in read_pairs(6)]
+        stop = time.monotonic() + 6
+
+        async def client(c: httpx.AsyncClient) -> list[int]:
+            codes = []
+            while time.monotonic() < stop:
+                r = await c.post(url + "/score", json={"query": "cordless drill", "titles": titles})
+                codes.append(r.status_code)
+            return codes
+
+        async def storm() -> int:
+            kills = 0
+            rng = __import__("random").Random(7)
+            while time.monotonic() < stop:
+                pids = await asyncio.to_thread(model_pids, proc.pid)
+                if pids:
+                    try:
+                        os.kill(rng.choice(pids), signal.SIGKILL)
+                        kills += 1
+                    except ProcessLookupError:
+                        pass
+                await asyncio.sleep(0.4)
+            return kills
+
+        async def main():
+            async with httpx.AsyncClient(timeout=120) as c:
+                return await asyncio.gather(storm(), *(client(c) for _ in range(8)))
+
+        kills, *codes = asyncio.run(main())
+        flat = [code for cs in codes for code in cs]
+        assert kills >= 8 and flat and set(flat) == {200}, (kills, {c: flat.count(c) for c in set(flat)})
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            info = httpx.get(url + "/info", timeout=5).json()
+            if info["worker"]["replica_states"] == ["ready", "ready"]:
+                break
+            time.sleep(0.2)
+        assert info["worker"]["replica_states"] == ["ready", "ready"], info["worker"]
+        assert httpx.get(url + "/health/ready", timeout=5).status_code == 200
+        assert httpx.get(url + "/health/live", timeout=5).status_code == 200
+    finally:
+        proc.terminate()
+        proc.wait(30)
