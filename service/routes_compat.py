@@ -21,7 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, model_
 from model.scoring import level_values
 from service.deps import EngineDep, MetricsDep, SettingsDep, TimeoutHeader
 from service.routes import ERRORS, check_limits, score_watched
-from service.schemas import Direction, Pair, Text
+from service.schemas import PAIRS, Absent, Direction, Pairs, Text, limited, one_of
 
 router = APIRouter(tags=["rerank (Cohere, Jina)"])
 
@@ -60,7 +60,9 @@ class CompatRerankRequest(BaseModel):
     )
     model: str | None = Field(None, description=MODEL_NOTE)
     query: Text
-    documents: list[Text | Document] = Field(min_length=1, description="strings or objects with a `text` field")
+    documents: list[Text | Document] = Field(
+        min_length=1, description="strings or objects with a `text` field", json_schema_extra=limited(maxItems=PAIRS)
+    )
     top_n: StrictInt | None = Field(None, ge=1, description="return only the best n (all when absent)")
     return_documents: StrictBool = Field(False, description="add each result's `document: {text}`")
     max_tokens_per_doc: StrictInt | None = Field(
@@ -185,11 +187,14 @@ class TokenizeRequest(BaseModel):
 
     model_config = ConfigDict(
         extra="forbid",
-        json_schema_extra={"examples": [{"query": "cordless drill", "title": "DEWALT 20V MAX Cordless Drill"}]},
+        json_schema_extra={
+            "examples": [{"query": "cordless drill", "title": "DEWALT 20V MAX Cordless Drill"}],
+            "oneOf": one_of(("query", "title"), "pairs"),
+        },
     )
-    query: Text | None = None
-    title: Text | None = None
-    pairs: list[Pair] | None = Field(None, min_length=1)
+    query: Text | Absent = None
+    title: Text | Absent = None
+    pairs: Pairs | Absent = None
     truncation: Literal["only_second", "longest_first"] = Field(
         "only_second", description="only_second (/score's default): cut the title, keep the query whole"
     )

@@ -1,12 +1,43 @@
-"""Request and response bodies. Types are strict: a number is not a title."""
+"""Request and response bodies. Types are strict: a number is not a title.
+
+The schema states what the server enforces. The limits that are settings mark their place with the Settings
+field that holds them (`limited(maxLength="max_text_chars")`); service/openapi.py writes the effective value
+there when the app serves its schema, and routes.check_limits enforces the same field (413). The rules the
+validators below enforce (not blank, a pair is two texts, one form of the body) are stated beside them."""
 
 from __future__ import annotations
 
-from typing import Annotated, Literal, cast
+from typing import Annotated, Any, Literal, cast
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, model_validator
+from pydantic import BaseModel, ConfigDict, Field, JsonValue, StrictBool, StrictInt, StrictStr, model_validator
+from pydantic.json_schema import SkipJsonSchema
 
-Text = Annotated[StrictStr, Field(min_length=1)]
+# JSON Schema keyword -> the Settings field whose value it takes (resolved by service/openapi.py)
+LIMITS = "x-qtrel-limits"
+TEXT_CHARS, PAIRS = "max_text_chars", "max_pairs_per_request"
+
+
+def limited(**keywords: str) -> dict[str, Any]:
+    return {LIMITS: keywords}
+
+
+# `_blank` refuses a text of nothing but str.isspace() characters (all of them are here; the schema test checks
+# it): the pattern asks for one other character. Written out, so that ECMA and Python regexes read it alike.
+NOT_BLANK = "[^\\u0009-\\u000d\\u001c-\\u0020\\u0085\\u00a0\\u1680\\u2000-\\u200a\\u2028\\u2029\\u202f\\u205f\\u3000]"
+Text = Annotated[
+    StrictStr, Field(min_length=1, json_schema_extra={"pattern": NOT_BLANK, **limited(maxLength=TEXT_CHARS)})
+]
+Absent = SkipJsonSchema[None]  # optional, but never null in the schema: the server reads null as absent
+PAIR = 2  # texts in a TEI input pair, [query, title]
+QueryTitle = Annotated[list[Text], Field(json_schema_extra={"minItems": PAIR, "maxItems": PAIR})]
+
+
+def one_of(single: tuple[str, ...], listed: str) -> list[JsonValue]:
+    """The schema of "`single`'s fields, or `listed`, never both" (the validators' rule)."""
+    return [
+        {"required": [*single], "not": {"required": [listed]}},
+        {"required": [listed], "not": {"anyOf": [{"required": [f]} for f in single]}},
+    ]
 
 
 def _blank(texts: list[str], what: str) -> None:
@@ -21,18 +52,23 @@ class Pair(BaseModel):
     title: Text
 
 
+Titles = Annotated[list[Text], Field(min_length=1, json_schema_extra=limited(maxItems=PAIRS))]
+Pairs = Annotated[list[Pair], Field(min_length=1, json_schema_extra=limited(maxItems=PAIRS))]
+
+
 class ScoreRequest(BaseModel):
     """One query with many titles, or a list of pairs."""
 
     model_config = ConfigDict(
         extra="forbid",
         json_schema_extra={
-            "examples": [{"query": "cordless drill", "titles": ["DEWALT 20V MAX Cordless Drill", "Garden hose 50 ft"]}]
+            "examples": [{"query": "cordless drill", "titles": ["DEWALT 20V MAX Cordless Drill", "Garden hose 50 ft"]}],
+            "oneOf": one_of(("query", "titles"), "pairs"),
         },
     )
-    query: Text | None = None
-    titles: list[Text] | None = Field(None, min_length=1)
-    pairs: list[Pair] | None = Field(None, min_length=1)
+    query: Text | Absent = None
+    titles: Titles | Absent = None
+    pairs: Pairs | Absent = None
     truncation: Literal["only_second", "longest_first"] = "only_second"
     return_probs: StrictBool = True
     top_n: StrictInt | None = Field(None, ge=1, description="return only the best n, sorted by score")
@@ -78,7 +114,9 @@ Direction = Literal["Right", "Left"]
 
 class PredictRequest(BaseModel):
     model_config = ConfigDict(extra="ignore")
-    inputs: list[Text] | list[list[Text]] = Field(description="one [query, title] pair or a list of them")
+    inputs: (
+        QueryTitle | Annotated[list[QueryTitle], Field(json_schema_extra={"minItems": 1, **limited(maxItems=PAIRS)})]
+    ) = Field(description="one [query, title] pair or a list of them")
     raw_scores: StrictBool = False
     truncate: StrictBool | None = False
     truncation_direction: Direction = "Right"
@@ -95,7 +133,7 @@ class PredictRequest(BaseModel):
         if not batch or not batch[0]:
             raise ValueError("inputs is empty")
         for i, p in enumerate(batch):
-            if len(p) != 2:
+            if len(p) != PAIR:
                 raise ValueError(f"input {i} must be a [query, title] pair, got {len(p)} texts")
             _blank(list(p), f"input {i} text")
         return self
@@ -117,7 +155,7 @@ class Prediction(BaseModel):
 class RerankRequest(BaseModel):
     model_config = ConfigDict(extra="ignore")
     query: Text
-    texts: list[Text] = Field(min_length=1)
+    texts: Titles
     raw_scores: StrictBool = False
     return_text: StrictBool = False
     truncate: StrictBool | None = False
