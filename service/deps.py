@@ -3,7 +3,6 @@ settings and the metrics of this app, all created by the lifespan. Routes use no
 
 from __future__ import annotations
 
-import hmac
 from typing import Annotated
 
 from fastapi import Depends, Header, Request
@@ -37,25 +36,19 @@ TimeoutHeader = Annotated[int | None, Header(alias="X-Request-Timeout-Ms", gt=0,
 _bearer = HTTPBearer(auto_error=False, description="an API key (settings api_keys, api_keys_file)")
 
 
-def key_matches(given: str, keys: tuple[str, ...]) -> bool:
-    """Constant time: compared with every key, no early exit, so timing tells nothing of which (or how
-    much of one) matched."""
-    g = given.encode("utf-8", "surrogateescape")
-    ok = False
-    for k in keys:
-        ok |= hmac.compare_digest(g, k.encode("utf-8", "surrogateescape"))
-    return ok
-
-
 async def require_api_key(
     request: Request, credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]
 ) -> None:
-    """`Authorization: Bearer <key>` with one of the settings' keys; 401 otherwise. No keys: open.
-    app.py applies it to every router in its protected group."""
-    keys = request.state.settings.keys
-    if not keys:
+    """`Authorization: Bearer <key>` with one of the keys in force (the settings' keyring, whose key file is
+    re-read when it changes); 401 otherwise. No keys: open. Each accepted request is counted under its key's
+    id, never the key. app.py applies it to every router in its protected group."""
+    ring = request.state.settings.keyring
+    ring.refresh()
+    if not ring.keys:
         return
     if credentials is None:
         raise ServiceError(ErrorKind.UNAUTHORIZED, "this route needs an API key: Authorization: Bearer <key>")
-    if not key_matches(credentials.credentials, keys):
+    key_id = ring.match(credentials.credentials)
+    if key_id is None:
         raise ServiceError(ErrorKind.UNAUTHORIZED, "invalid API key")
+    request.state.metrics.key_used(key_id, ring)

@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics, generate_latest
+
+if TYPE_CHECKING:
+    from service.keys import KeyRing
 
 # Millisecond-scale latencies: 1 ms .. 30 s.
 LATENCY = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.25, 0.4, 0.6, 1.0, 1.5, 2.5, 5.0, 10.0, 30.0)
@@ -73,6 +77,15 @@ class Metrics:
         for reason in ("process_died", "error"):
             self.batches_failed.labels(reason)
             self.batches_split.labels(reason)
+        self.requests_by_key = Counter(
+            "qtrel_requests_by_key",
+            "Requests that passed authentication, by API key id (the first 12 hex digits of the key's SHA-256, "
+            "never the key); one series per key in force",
+            ["key_id"],
+            registry=r,
+        )
+        self._key_generation = -1  # the keyring's generation the key_id series were last set for
+        self._key_ids: set[str] = set()
         self.ready = Gauge("qtrel_ready", "1 when the model is loaded, warmed up and not draining", registry=r)
         self.model_info = Gauge(
             "qtrel_model_info", "Model being served", ["model", "device", "dtype", "version"], registry=r
@@ -109,6 +122,21 @@ class Metrics:
 
     def batch_split(self, reason: str) -> None:
         self.batches_split.labels(reason).inc()
+
+    # called by service.deps.require_api_key
+    def key_used(self, key_id: str, ring: KeyRing) -> None:
+        """Count a request under its key's id; when the keys in force changed, their series are set anew
+        (a key no longer in force loses its series), so the label's values are the keys in force."""
+        if ring.generation != self._key_generation:
+            self._key_generation = ring.generation
+            ids = set(ring.ids)
+            for old in self._key_ids - ids:
+                self.requests_by_key.remove(old)
+            for kid in ids - self._key_ids:
+                self.requests_by_key.labels(kid)
+            self._key_ids = ids
+        if key_id in self._key_ids:  # else its key was rotated out since it was matched: no series for it
+            self.requests_by_key.labels(key_id).inc()
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

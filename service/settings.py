@@ -8,6 +8,8 @@ from typing import Literal
 from pydantic import Field, PrivateAttr, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from service.keys import KeyRing, split_keys
+
 
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="QTREL_", frozen=True, extra="ignore")
@@ -76,10 +78,10 @@ class Settings(BaseSettings):
     api_keys_file: Path | None = Field(
         None,
         description="a file of API keys, one a line (blank lines and # "
-        "comments ignored), read at start; for Kubernetes Secrets",
+        "comments ignored), read at start and again when it changes (or on SIGHUP); for Kubernetes Secrets",
     )
     protect_metrics: bool = Field(False, description="/metrics also needs an API key (when keys are set)")
-    _keys: tuple[str, ...] = PrivateAttr(())
+    _keyring: KeyRing = PrivateAttr()
 
     # --- explanations ---
     explain_per_minute: int = Field(60, ge=0, description="/explain calls per minute (0 disables the route)")
@@ -94,39 +96,23 @@ class Settings(BaseSettings):
             raise ValueError(
                 "max_pairs_per_request must not exceed max_queue_pairs: such a request could never be admitted"
             )
-        self._keys = _split_keys(self.api_keys.get_secret_value(), ",") + _read_keys(self.api_keys_file)
+        self._keyring = KeyRing(split_keys(self.api_keys.get_secret_value(), ","), self.api_keys_file)
         return self
 
     @property
+    def keyring(self) -> KeyRing:
+        """The API keys in force, re-read from api_keys_file when it changes (`keyring.reload()` on SIGHUP):
+        the one part of the settings that changes while the server runs."""
+        return self._keyring
+
+    @property
     def keys(self) -> tuple[str, ...]:
-        """Every API key, from api_keys and api_keys_file; empty: no authentication."""
-        return self._keys
+        """Every API key in force, from api_keys and api_keys_file; empty: no authentication."""
+        return self._keyring.keys
 
     def public(self) -> dict:
         """The effective settings as /info shows them: API keys redacted (their count only)."""
         out = self.model_dump(mode="json")
-        out["api_keys"] = f"<{len(self._keys)} redacted>" if self._keys else ""
+        n = len(self.keys)
+        out["api_keys"] = f"<{n} redacted>" if n else ""
         return out
-
-
-def _split_keys(text: str, sep: str) -> tuple[str, ...]:
-    """Keys separated by `sep`, stripped; empty ones dropped, and in a file lines that start with #."""
-    keys = (p.strip() for p in text.split(sep))
-    return tuple(k for k in keys if k and not (sep == "\n" and k.startswith("#")))
-
-
-def _read_keys(path: Path | None) -> tuple[str, ...]:
-    """The keys of api_keys_file; a missing, unreadable or empty file refuses the settings (the server
-    would otherwise start open while its operator believes it locked)."""
-    if path is None:
-        return ()
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as e:
-        raise ValueError(f"api_keys_file {str(path)!r} cannot be read: {type(e).__name__}: {e}") from None
-    keys = _split_keys(text, "\n")
-    if not keys:
-        raise ValueError(
-            f"api_keys_file {str(path)!r} holds no key (one a line; blank lines and # comments are ignored)"
-        )
-    return keys
