@@ -5,13 +5,17 @@ The shape is text-embeddings-inference's, `{"error": str, "error_type": str}`, s
 
 from __future__ import annotations
 
+import json
 import logging
 from enum import Enum
+from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from service.logs import redact_private_texts
 
 log = logging.getLogger("qtrel.errors")
 
@@ -77,14 +81,35 @@ def _validation_message(exc: RequestValidationError) -> tuple[ErrorKind, str]:
     return ErrorKind.VALIDATION, "; ".join(parts[:10]) or "invalid request"
 
 
+def _log_refused(request: Request, kind: ErrorKind, msg: str, exc: RequestValidationError) -> None:
+    """One line on why a request was refused: where and which rule, never the refused values (they may be a
+    query or a title) unless log_texts is on. The response to the client says more (service.logs)."""
+    settings = getattr(request.state, "settings", None)
+    if settings is not None and settings.log_texts:
+        values = json.dumps([e.get("input") for e in exc.errors()[:10]], ensure_ascii=False, default=str)
+        log.info("refused (%s): %s; values %s", kind.value, msg, values)
+        return
+    rules = "; ".join(f"{_loc(e)}: {e.get('type')}" for e in exc.errors()[:10])
+    log.info("refused (%s): %s", kind.value, rules)
+
+
+def _loc(error: Any) -> str:
+    return ".".join(str(x) for x in error.get("loc", ()) if x != "body") or "body"
+
+
 def install(app: FastAPI) -> None:
+    # The handlers below, and uvicorn's log of an unhandled error, log in the request's context: there the
+    # request's texts are taken out of every record (service.logs; a no-op after the first app).
+    redact_private_texts()
+
     @app.exception_handler(ServiceError)
     async def _service(_: Request, exc: ServiceError):
         return error_response(exc.kind, exc.message, exc.retry_after)
 
     @app.exception_handler(RequestValidationError)
-    async def _validation(_: Request, exc: RequestValidationError):
+    async def _validation(request: Request, exc: RequestValidationError):
         kind, msg = _validation_message(exc)
+        _log_refused(request, kind, msg, exc)
         return error_response(kind, msg)
 
     @app.exception_handler(StarletteHTTPException)

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import json
+import logging
 from typing import Any
 
 from fastapi import APIRouter, Request, Response
@@ -11,6 +13,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse
 from service.deps import EngineDep, MetricsDep, SettingsDep, TimeoutHeader
 from service.engine import Engine, Scored
 from service.errors import ErrorKind, ServiceError
+from service.logs import keep_private
 from service.metrics import Metrics
 from service.schemas import (
     ErrorBody,
@@ -30,9 +33,25 @@ metrics_router = APIRouter()  # /metrics: open unless protect_metrics
 ERRORS: dict[int | str, dict[str, Any]] = {
     c: {"model": ErrorBody} for c in (400, 401, 408, 413, 422, 429, 499, 500, 503)
 }
+log = logging.getLogger("qtrel.http")
+LOGGED_TEXTS = 20  # with log_texts on, the first queries and titles of a request logged at debug
 
 
 def check_limits(s: Settings, queries: list[str], titles: list[str]) -> None:
+    """Every route calls it with the texts it takes, before anything else is done with them: the texts are
+    kept out of the logs (or, with log_texts on, logged at debug), then their limits are checked (413). The
+    schema states the same limits (service/openapi.py)."""
+    if s.log_texts:
+        if log.isEnabledFor(logging.DEBUG):
+            uniq = list(dict.fromkeys(queries))
+            log.debug(
+                "texts of %d pairs: queries %s, titles %s",
+                len(titles),
+                json.dumps(uniq[:LOGGED_TEXTS], ensure_ascii=False),
+                json.dumps(titles[:LOGGED_TEXTS], ensure_ascii=False),
+            )
+    else:
+        keep_private([*queries, *titles])
     if len(titles) > s.max_pairs_per_request:
         raise ServiceError(ErrorKind.TOO_LARGE, f"{len(titles)} pairs; at most {s.max_pairs_per_request} per request")
     for what, texts in (("query", queries), ("title", titles)):

@@ -53,6 +53,12 @@ class Settings(BaseSettings):
     port: int = Field(8080, ge=0, le=65535)
     log_level: str = "info"
     log_json: bool = Field(True, description="one JSON object per log line")
+    log_texts: bool = Field(
+        False,
+        description="write query and title texts to the logs, for debugging (search queries can be personal): "
+        "each scoring request's texts at debug level, a refused request's values. Off: no log line holds a "
+        "request's texts, exception messages included",
+    )
 
     # --- batching ---
     max_batch_tokens: int = Field(8192, ge=64, description="padded tokens per forward (longest x pairs)")
