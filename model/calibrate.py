@@ -5,12 +5,17 @@
 2. The level rule (model.scoring): cut points on the calibrated expected level fitted for quadratic
    weighted kappa, with every level used for at least `min_share` of the pairs. Stored as
    `qtrel_level_cuts` in config.json and applied by the model wherever it scores.
+3. Isotonic calibration of the score (`fit_isotonic`): a monotone map of the expected level to the
+   raters' mean relevance, fitted on held-out pairs by pool-adjacent-violators, so that the score is an
+   honest estimate (RMSE measured on it) while the ranking stays exactly as it was: the map is
+   piecewise linear through the blocks' centres and strictly increasing, beyond them too.
 """
 
 from __future__ import annotations
 
 import math
 import random
+from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 
@@ -90,6 +95,82 @@ def fold_temperature(module: BertForRelevance, t: float) -> None:
     module.cfg = replace(module.cfg, extra={**module.cfg.extra, "qtrel_temperature": round(total, 6)})
 
 
+# Slope of the isotonic map beyond its first and last knot: small, so that it stays strictly increasing.
+END_SLOPE = 1e-3
+
+
+def fit_isotonic(x: Sequence[float], y: Sequence[float]) -> tuple[list[float], list[float]]:
+    """Knots (xs, ys) of the least-squares non-decreasing fit of y on x (pool-adjacent-violators): one
+    knot per block, at the block's mean x and mean y; the ys increase strictly (equal blocks are pooled)."""
+    if len(x) != len(y) or not x:
+        raise ValueError("isotonic calibration needs as many targets as scores, and at least one")
+    blocks: list[list[float]] = []  # [sum x, sum y, count], block means of y strictly increasing
+    for i in sorted(range(len(x)), key=lambda i: x[i]):
+        blocks.append([float(x[i]), float(y[i]), 1.0])
+        while len(blocks) > 1 and blocks[-2][1] / blocks[-2][2] >= blocks[-1][1] / blocks[-1][2]:
+            sx, sy, n = blocks.pop()
+            blocks[-1][0] += sx
+            blocks[-1][1] += sy
+            blocks[-1][2] += n
+    xs, ys = [b[0] / b[2] for b in blocks], [b[1] / b[2] for b in blocks]
+    for j in range(1, len(xs)):  # blocks of equal mean x (ties in the scores): keep the knots apart
+        xs[j] = max(xs[j], xs[j - 1] + 1e-9)
+    return xs, ys
+
+
+def apply_isotonic(knots: tuple[Sequence[float], Sequence[float]], x: Tensor) -> Tensor:
+    """The map at x: linear between knots, slope END_SLOPE beyond them; strictly increasing."""
+    kx = torch.tensor(knots[0], dtype=torch.float64)
+    ky = torch.tensor(knots[1], dtype=torch.float64)
+    v = x.double()
+    if len(kx) == 1:
+        return (ky[0] + END_SLOPE * (v - kx[0])).to(x.dtype)
+    j = torch.bucketize(v, kx).clamp(1, len(kx) - 1)  # the segment [kx[j-1], kx[j]] holding v
+    x0, x1, y0, y1 = kx[j - 1], kx[j], ky[j - 1], ky[j]
+    inside = y0 + (y1 - y0) * (v - x0) / (x1 - x0)
+    out = torch.where(v < kx[0], ky[0] + END_SLOPE * (v - kx[0]), inside)
+    out = torch.where(v > kx[-1], ky[-1] + END_SLOPE * (v - kx[-1]), out)
+    return out.to(x.dtype)
+
+
+def query_halves(ds: Dataset, seed: int = 0) -> tuple[list[int], list[int]]:
+    """Indices of the pairs of a random half of the queries, and of the other half."""
+    queries = sorted({e.query for e in ds.examples})
+    random.Random(seed).shuffle(queries)
+    half = set(queries[: len(queries) // 2])
+    a = [i for i, e in enumerate(ds.examples) if e.query in half]
+    return a, [i for i, e in enumerate(ds.examples) if e.query not in half]
+
+
+def isotonic_rmse(ds: Dataset, expected: Tensor, k: int = 5, seed: int = 0) -> dict:
+    """RMSE on the relevance scale of `ds` (every pair needs one) for the expected level over k levels
+    mapped to it linearly (1 + (E - 1) / 2 for five, as `qtrel eval`), isotonically fitted and scored on all the
+    pairs, and cross-fitted: fitted on one half of the queries and applied to the other, both ways."""
+    rel = [e.relevance for e in ds.examples]
+    if any(r is None for r in rel):
+        raise ValueError("isotonic calibration to relevance needs a relevance on every pair")
+    y = torch.tensor(rel, dtype=torch.float64)
+    e = expected.double()
+    span = (k - 1) / 2  # five levels: 1..5 -> 1..3
+
+    def rmse(pred: Tensor, idx: list[int] | None = None) -> float:
+        t = y if idx is None else y[idx]
+        return float((pred - t).pow(2).mean().sqrt())
+
+    knots = fit_isotonic(e.tolist(), y.tolist())
+    crossed = torch.empty_like(y)
+    for fit, apply in zip(query_halves(ds, seed), reversed(query_halves(ds, seed))):
+        part = fit_isotonic(e[fit].tolist(), y[fit].tolist())
+        crossed[apply] = apply_isotonic(part, e[apply])
+    return {
+        "pairs": len(ds),
+        "rmse_linear": round(rmse(1 + (e - 1) / span), 4),
+        "rmse_isotonic": round(rmse(apply_isotonic(knots, e)), 4),
+        "rmse_isotonic_crossfit": round(rmse(crossed), 4),
+        "knots": len(knots[0]),
+    }
+
+
 def set_level_rule(module: BertForRelevance, rule: LevelRule) -> None:
     module.cfg = replace(module.cfg, extra={**module.cfg.extra, **rule.to_extra()})
 
@@ -97,11 +178,7 @@ def set_level_rule(module: BertForRelevance, rule: LevelRule) -> None:
 def crossfit_qwk(ds: Dataset, expected: Tensor, k: int, min_share: float, seed: int = 0) -> float:
     """QWK of cut points fitted on one half of the queries and applied to the other, both ways: an
     estimate of the level rule's kappa on unseen queries (fitting and scoring on the same pairs flatters it)."""
-    queries = sorted({e.query for e in ds.examples})
-    random.Random(seed).shuffle(queries)
-    half = set(queries[: len(queries) // 2])
-    a = [i for i, e in enumerate(ds.examples) if e.query in half]
-    b = [i for i, e in enumerate(ds.examples) if e.query not in half]
+    a, b = query_halves(ds, seed)
     y = ds.labels
     pred = [0] * len(ds)
     for fit, apply in ((a, b), (b, a)):

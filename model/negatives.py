@@ -5,11 +5,17 @@ sees whatever retrieval returns, junk included. Pairing a query with a title jud
 queries teaches the model (and tests it on) that end of the scale. The title set for a query excludes
 every title judged for that query, compared case- and space-insensitively, so a negative never repeats
 a judged pair.
+
+Hard negatives (`sample_hard_negatives`) are closer to what retrieval returns: a title judged for another
+query that shares a word with this one, but without this query's head term (its last word, as in
+"cordless *drill*"): the same shop's aisle, not the product asked for ("cordless impact driver" for
+"cordless drill"). Some are partly relevant to a rater, so they are mixed with random ones, not used alone.
 """
 
 from __future__ import annotations
 
 import random
+import re
 from collections import defaultdict
 
 from model.data import Dataset, Example
@@ -55,6 +61,98 @@ def sample_negatives(ds: Dataset, ratio: float, seed: int, label: int = 0) -> li
     return out
 
 
-def with_negatives(ds: Dataset, ratio: float, seed: int) -> Dataset:
-    """`ds` followed by its sampled negatives (level index 0)."""
-    return Dataset(ds.examples + sample_negatives(ds, ratio, seed), path=ds.path)
+_WORD = re.compile(r"[a-z]+")
+_STOP = frozenset("and for with the of to on by not".split())
+
+
+# Units and sizes: sharing one of them does not make a title close to a query.
+_GENERIC = frozenset("inch foot feet gal gallon volt watt amp pack piece set count lb".split())
+
+
+def _stem(word: str) -> str:
+    """Crude plural folding, enough to tell "screws" and "screw" apart from "drill"."""
+    for end in ("ies", "es", "s"):
+        if len(word) > len(end) + 2 and word.endswith(end):
+            return word[: -len(end)] + ("y" if end == "ies" else "")
+    return word
+
+
+def content_words(text: str) -> set[str]:
+    """Stemmed alphabetic words of three letters or more, stop words left out."""
+    return {_stem(w) for w in _WORD.findall(text.lower()) if len(w) >= 3 and w not in _STOP}
+
+
+def head_term(query: str) -> str | None:
+    """The query's head term: its last content word before a "with"/"for" clause ("cordless drill" ->
+    "drill", "junction box with clamps" -> "box"); None if it has none."""
+    main = re.split(r"\b(?:with|for|w/)\b", query.lower())[0]
+    words = [_stem(w) for w in _WORD.findall(main) if len(w) >= 3 and w not in _STOP]
+    return words[-1] if words else None
+
+
+def _mentions(words: set[str], head: str) -> bool:
+    """Whether a title's words name the head term, typos of it included: for a head of five letters or
+    more, any word sharing its first four ("sponce" and "sponge"); for a shorter one, the word itself."""
+    if len(head) < 5:
+        return head in words
+    return any(w.startswith(head[:4]) for w in words)
+
+
+def hard_candidates(ds: Dataset) -> dict[str, list[str]]:
+    """Normalised query -> catalogue titles (sorted) that share a content word with the query other
+    than its head term and lack the head term; never a title judged for the query. Queries with no such
+    title are absent."""
+    judged = judged_titles(ds)
+    catalogue = sorted({e.title for e in ds.examples})
+    words = {t: content_words(t) for t in catalogue}
+    by_word: dict[str, set[str]] = defaultdict(set)  # content word -> titles containing it
+    for t, ws in words.items():
+        for w in ws:
+            by_word[w].add(t)
+    out: dict[str, list[str]] = {}
+    for q in judged:
+        head = head_term(q)
+        if head is None:
+            continue
+        pool: set[str] = set()
+        for w in content_words(q) - {head} - _GENERIC:
+            pool |= by_word.get(w, set())
+        cands = sorted(t for t in pool if not _mentions(words[t], head) and _norm(t) not in judged[q])
+        if cands:
+            out[q] = cands
+    return out
+
+
+def sample_hard_negatives(ds: Dataset, ratio: float, seed: int, label: int = 0) -> list[Example]:
+    """`round(ratio * len(ds))` hard negatives (module docstring): anchors drawn as in `sample_negatives`
+    among the judged pairs whose query has hard candidates, each paired with one at random. Deterministic
+    for a seed."""
+    if ratio < 0:
+        raise ValueError(f"negatives ratio must be >= 0, got {ratio}")
+    n = round(ratio * len(ds))
+    if n == 0:
+        return []
+    cands = hard_candidates(ds)
+    anchors = [e for e in ds.examples if _norm(e.query) in cands]
+    if not anchors:
+        raise ValueError("no query has a hard negative: no two queries share a word")
+    rng = random.Random(seed)
+    out = []
+    for _ in range(n):
+        a = anchors[rng.randrange(len(anchors))]
+        pool = cands[_norm(a.query)]
+        title = pool[rng.randrange(len(pool))]
+        out.append(Example(a.query, title, label, relevance=1.0 if a.relevance is not None else None))
+    return out
+
+
+def with_negatives(ds: Dataset, ratio: float, seed: int, hard: float = 0.0) -> Dataset:
+    """`ds` followed by its sampled negatives (level index 0); the share `hard` of them hard ones."""
+    if not 0 <= hard <= 1:
+        raise ValueError(f"the hard share of the negatives must be in [0, 1], got {hard}")
+    n_hard = round(ratio * hard * len(ds))
+    n_random = round(ratio * len(ds)) - n_hard
+    negs = sample_negatives(ds, n_random / len(ds), seed) if ds.examples else []
+    if n_hard:
+        negs += sample_hard_negatives(ds, n_hard / len(ds), seed + 1)
+    return Dataset(ds.examples + negs, path=ds.path)

@@ -30,10 +30,23 @@ def test_titles_from_other_shops_are_graded_unrelated(shipped):
         pairs = [(r["query"], r["title"]) for r in csv.DictReader(f)]
     got = shipped.predict(pairs)
     bad = [(q, t, p.level, round(p.score, 2)) for (q, t), p in zip(pairs, got) if p.level not in ("1", "2")]
-    # docs/model-card.md: 39 of the 40 are graded 1-2 by the default; the catalogue's negatives teach
-    # "another product", not "another shop", so a miss or two is the honest expectation
-    assert len(bad) <= 2, bad
+    # Of the 100, v2 grades 98 at level 1-2 (default) and 97 (pruned), the rest at 3 with scores up to
+    # 3.37: the catalogue's negatives teach "another product", not "another shop" (docs/model-card.md;
+    # issue 23 asks v3 for all of them at level 1)
+    assert len(pairs) == 100 and len(bad) <= 3, bad
     assert max(p.score for p in got) < 3.5
+
+
+def test_the_off_domain_set_spans_the_domains_and_is_not_in_the_training_data():
+    with OFF_DOMAIN.open(encoding="utf-8") as f:
+        rows = list(csv.DictReader(f))
+    assert len(rows) == len({(r["query"], r["title"]) for r in rows}) == 100
+    domains = {r["domain"] for r in rows}
+    assert {"books", "food", "clothing", "electronics", "toys", "services"} <= domains
+    titles = {" ".join(r["title"].lower().split()) for r in rows}
+    for name in ("train.csv", "dev.csv"):  # kept out of training, and out of the catalogue negatives
+        with shared_data("homedepot", name).open(encoding="utf-8") as f:
+            assert not titles & {" ".join(r["title"].lower().split()) for r in csv.DictReader(f)}
 
 
 def test_the_quick_start_example(shipped):
