@@ -7,6 +7,8 @@ from typing import Annotated
 
 from fastapi import Depends, Header, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from pydantic import Field
+from pydantic.json_schema import SkipJsonSchema
 
 from service.engine import Engine
 from service.errors import ErrorKind, ServiceError
@@ -30,7 +32,10 @@ async def get_metrics(request: Request) -> Metrics:
 EngineDep = Annotated[Engine, Depends(get_engine)]
 SettingsDep = Annotated[Settings, Depends(get_settings)]
 MetricsDep = Annotated[Metrics, Depends(get_metrics)]
-TimeoutHeader = Annotated[int | None, Header(alias="X-Request-Timeout-Ms", gt=0, le=3_600_000)]
+# Optional, and never "null" in the schema: a header has no null (a fuzzer would send the text "null").
+TimeoutHeader = Annotated[
+    Annotated[int, Field(gt=0, le=3_600_000)] | SkipJsonSchema[None], Header(alias="X-Request-Timeout-Ms")
+]
 
 
 _bearer = HTTPBearer(auto_error=False, description="an API key (settings api_keys, api_keys_file)")

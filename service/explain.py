@@ -16,12 +16,12 @@ from typing import Literal
 
 from fastapi import APIRouter, Response
 from fastapi.responses import HTMLResponse
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, model_validator
 
 from service.deps import EngineDep, MetricsDep
 from service.errors import ErrorKind, ServiceError
 from service.routes import ERRORS, check_limits
-from service.schemas import ErrorBody, Text
+from service.schemas import ErrorBody, Text, WholeInt
 from service.settings import Settings
 
 VIEW = Path(__file__).resolve().parent / "static" / "explain.html"
@@ -36,7 +36,7 @@ class ExplainRequest(BaseModel):
     title: Text
     truncation: Literal["only_second", "longest_first"] = "only_second"
     attention: StrictBool = Field(False, description="also return every layer's and head's (T, T) attention")
-    top_heads: StrictInt = Field(5, ge=0, le=64, description="how many term-matching heads to list")
+    top_heads: WholeInt = Field(5, ge=0, le=64, description="how many term-matching heads to list")
 
     @model_validator(mode="after")
     def _not_blank(self) -> ExplainRequest:

@@ -16,12 +16,12 @@ from typing import Any, Literal
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, model_validator
 
 from model.scoring import level_values
 from service.deps import EngineDep, MetricsDep, SettingsDep, TimeoutHeader
 from service.routes import ERRORS, check_limits, score_watched
-from service.schemas import PAIRS, Absent, Direction, Pairs, Text, limited, one_of
+from service.schemas import PAIRS, Absent, AtLeastOne, Direction, Pairs, Text, limited, one_of
 
 router = APIRouter(tags=["rerank (Cohere, Jina)"])
 
@@ -63,11 +63,10 @@ class CompatRerankRequest(BaseModel):
     documents: list[Text | Document] = Field(
         min_length=1, description="strings or objects with a `text` field", json_schema_extra=limited(maxItems=PAIRS)
     )
-    top_n: StrictInt | None = Field(None, ge=1, description="return only the best n (all when absent)")
+    top_n: AtLeastOne | None = Field(None, description="return only the best n (all when absent)")
     return_documents: StrictBool = Field(False, description="add each result's `document: {text}`")
-    max_tokens_per_doc: StrictInt | None = Field(
+    max_tokens_per_doc: AtLeastOne | None = Field(
         None,
-        ge=1,
         description="accepted; not applied: a pair is cut to the model's max_length tokens (only the "
         "title is cut, see /tokenize)",
     )

@@ -9,7 +9,17 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal, cast
 
-from pydantic import BaseModel, ConfigDict, Field, JsonValue, StrictBool, StrictInt, StrictStr, model_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    JsonValue,
+    StrictBool,
+    StrictInt,
+    StrictStr,
+    model_validator,
+)
 from pydantic.json_schema import SkipJsonSchema
 
 # JSON Schema keyword -> the Settings field whose value it takes (resolved by service/openapi.py)
@@ -30,6 +40,16 @@ Text = Annotated[
 Absent = SkipJsonSchema[None]  # optional, but never null in the schema: the server reads null as absent
 PAIR = 2  # texts in a TEI input pair, [query, title]
 QueryTitle = Annotated[list[Text], Field(json_schema_extra={"minItems": PAIR, "maxItems": PAIR})]
+
+
+def _integral(value: Any) -> Any:
+    return int(value) if isinstance(value, float) and value.is_integer() else value
+
+
+# JSON Schema's "integer" holds 3.0 too (a JavaScript client may send it): taken as 3; "3", true and 3.5 are not.
+WholeInt = Annotated[StrictInt, BeforeValidator(_integral)]
+# The bound before the validator, so that the schema of an optional one states it
+AtLeastOne = Annotated[StrictInt, Field(ge=1), BeforeValidator(_integral)]
 
 
 def one_of(single: tuple[str, ...], listed: str) -> list[JsonValue]:
@@ -71,7 +91,7 @@ class ScoreRequest(BaseModel):
     pairs: Pairs | Absent = None
     truncation: Literal["only_second", "longest_first"] = "only_second"
     return_probs: StrictBool = True
-    top_n: StrictInt | None = Field(None, ge=1, description="return only the best n, sorted by score")
+    top_n: AtLeastOne | None = Field(None, description="return only the best n, sorted by score")
 
     @model_validator(mode="after")
     def _one_form(self) -> ScoreRequest:
