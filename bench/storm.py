@@ -2,6 +2,7 @@
 
   python bench/stress.py killstorm            # SIGKILL a random model process every 3 s for 30 s, 16 clients
   python bench/stress.py soak --seconds 1800  # 30 minutes of mixed traffic; --seconds 60 for a short run
+  python bench/stress.py goodput --clients 4 --queue-pairs 1000   # capacity, then 4x offered load
 
 The clients are aiohttp (one event loop, little CPU beside the server's); every figure is counted by
 the client and cross-checked with the server's own metrics.
@@ -260,5 +261,89 @@ def add_arguments(p) -> None:
     p.add_argument("--burst-every", type=float, default=20.0, help="soak: seconds between overload bursts")
 
 
+# --- overload goodput -----------------------------------------------------------------------------
+async def goodput(a) -> dict:
+    """Capacity first: `a.clients` closed-loop clients of 50-title requests, enough to keep the model
+    busy and few enough that nothing is refused. Then 4x as many, each retrying 50 ms after a 429 (harsher
+    than following Retry-After): the pairs actually served against capacity, the accepted requests' p99,
+    and what a 429 cost."""
+    srv = Server(a.model, "--max-queue-pairs", str(a.queue_pairs), "--max-pairs-per-request", "50")
+    try:
+        srv.wait_ready()
+        rng = random.Random(6)
+        bodies = [json.dumps({"query": title(rng), "titles": [title(rng) for _ in range(50)]}) for _ in range(32)]
+
+        async def phase(clients: int, seconds: float) -> tuple[dict, list[float]]:
+            log, refused = Log(), []
+            stop = time.monotonic() + seconds
+
+            async def client(s: aiohttp.ClientSession) -> None:
+                while time.monotonic() < stop:
+                    t0 = time.perf_counter()
+                    async with s.post(
+                        srv.url + "/score", data=rng.choice(bodies), headers={"content-type": "application/json"}
+                    ) as r:
+                        await r.read()
+                    dt = time.perf_counter() - t0
+                    log.add(r.status, dt, 50)
+                    if r.status == 429:
+                        refused.append(dt)
+                        await asyncio.sleep(0.05)
+
+            async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as s:
+                await asyncio.gather(*(client(s) for _ in range(clients)))
+            return summary(log.rows, seconds), refused
+
+        await phase(a.clients, 3)  # warm
+        cap, _ = await phase(a.clients, a.seconds)
+        over, refused = await phase(4 * a.clients, a.seconds)
+        return {
+            "scenario": "goodput",
+            "seconds": a.seconds,
+            "max_queue_pairs": a.queue_pairs,
+            "capacity": {"clients": a.clients, **cap},
+            "overload_4x": {"clients": 4 * a.clients, **over},
+            "goodput_share_of_capacity": round(over["pairs_per_s"] / cap["pairs_per_s"], 3),
+            "refusal_p50_ms": pct(refused, 0.5),
+            "refusal_p99_ms": pct(refused, 0.99),
+        }
+    finally:
+        srv.stop()
+
+
+# --- vanishing clients, in a process of their own ------------------------------------------------
+async def vanish(url: str, clients: int, seconds: float, titles: int = 200, after_s: float = 0.05) -> int:
+    """`clients` loops that send a `titles`-title request and hang up `after_s` later, again and again;
+    the number of requests abandoned. Bodies are built once, so this process costs little CPU."""
+    rng = random.Random(5)
+    bodies = [json.dumps({"query": title(rng), "titles": [title(rng) for _ in range(titles)]}) for _ in range(16)]
+    stop = time.monotonic() + seconds
+    abandoned = 0
+
+    async def one(s: aiohttp.ClientSession) -> None:
+        nonlocal abandoned
+        while time.monotonic() < stop:
+            try:
+                async with s.post(
+                    url + "/score",
+                    data=rng.choice(bodies),
+                    headers={"content-type": "application/json"},
+                    timeout=aiohttp.ClientTimeout(total=after_s),
+                ) as r:
+                    await r.read()
+            except (TimeoutError, aiohttp.ClientError):
+                abandoned += 1
+            await asyncio.sleep(after_s)
+
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0, force_close=True)) as s:
+        await asyncio.gather(*(one(s) for _ in range(clients)))
+    return abandoned
+
+
 if __name__ == "__main__":
-    print(json.dumps({"use": "python bench/stress.py killstorm|soak"}))
+    import sys
+
+    if len(sys.argv) == 5 and sys.argv[1] == "vanish":  # used by bench/stress.py slow
+        print(asyncio.run(vanish(sys.argv[2], int(sys.argv[3]), float(sys.argv[4]))))
+    else:
+        print(json.dumps({"use": "python bench/stress.py killstorm|soak"}))

@@ -23,9 +23,10 @@ import sys
 import time
 from pathlib import Path
 
+import aiohttp
 import httpx
 from live import Server, pct, statuses, title
-from storm import add_arguments, killstorm, soak
+from storm import add_arguments, goodput, killstorm, soak
 
 
 # --- overload -------------------------------------------------------------------------------------
@@ -168,66 +169,68 @@ async def slowloris(port: int, open_conns: list, stop: float, body_len: int = 40
 
 
 async def slow(a) -> dict:
+    """Ordinary one-pair clients (aiohttp, this process) on a quiet server, then again beside slow-body
+    connections and vanishing clients (bench/storm.py vanish, a process of its own, so that the client
+    measuring latency is not slowed by the attackers' own work)."""
     srv = Server(a.model)
     try:
         srv.wait_ready()
         rng = random.Random(2)
 
-        async def ordinary(c: httpx.AsyncClient, seconds: float) -> tuple[list[float], dict]:
+        async def ordinary(s: aiohttp.ClientSession, seconds: float) -> tuple[list[float], dict]:
             lat, st = [], {}
             end = time.monotonic() + seconds
             while time.monotonic() < end:
                 t0 = time.perf_counter()
-                r = await c.post(srv.url + "/score", json={"query": title(rng), "titles": [title(rng)]})
-                st[r.status_code] = st.get(r.status_code, 0) + 1
+                async with s.post(srv.url + "/score", json={"query": title(rng), "titles": [title(rng)]}) as r:
+                    await r.read()
+                st[r.status] = st.get(r.status, 0) + 1
                 lat.append(time.perf_counter() - t0)
             return lat, st
 
-        async def vanishing(stop: float, counter: list[int]):
-            """Send a 200-title request and hang up 50 ms later, again and again."""
-            while time.monotonic() < stop:
-                async with httpx.AsyncClient(timeout=0.05) as c:
-                    try:
-                        await c.post(
-                            srv.url + "/score", json={"query": title(rng), "titles": [title(rng) for _ in range(200)]}
-                        )
-                    except httpx.TimeoutException:
-                        counter[0] += 1
-                await asyncio.sleep(0.05)
-
-        async with httpx.AsyncClient(timeout=30) as c:
-            base = await asyncio.gather(*(ordinary(c, a.seconds / 2) for _ in range(4)))
+        async with aiohttp.ClientSession() as s:
+            base = await asyncio.gather(*(ordinary(s, a.seconds / 2) for _ in range(4)))
             base_lat = [x for lat, _ in base for x in lat]
             open_conns: list = []
-            hung_up = [0]
             stop = time.monotonic() + a.seconds
-            during = asyncio.gather(*(ordinary(c, a.seconds) for _ in range(4)))
+            vanish = await asyncio.create_subprocess_exec(
+                sys.executable,
+                str(Path(__file__).with_name("storm.py")),
+                "vanish",
+                srv.url,
+                str(a.vanishing),
+                str(a.seconds),
+                stdout=asyncio.subprocess.PIPE,
+            )
+            during = asyncio.gather(*(ordinary(s, a.seconds) for _ in range(4)))
             attackers = [asyncio.create_task(slowloris(srv.port, open_conns, stop)) for _ in range(a.slow_conns)]
-            vanish = [asyncio.create_task(vanishing(stop, hung_up)) for _ in range(a.vanishing)]
             res = await during
             open_at_end = len(open_conns)
-            for t in attackers + vanish:
+            for t in attackers:
                 t.cancel()
-            await asyncio.gather(*attackers, *vanish, return_exceptions=True)
+            await asyncio.gather(*attackers, return_exceptions=True)
             for w in open_conns:
                 w.close()
+            out, _ = await vanish.communicate()
         dur_lat = [x for lat, _ in res for x in lat]
         statuses: dict = {}
         for _, st in res:
             for k, v in st.items():
                 statuses[k] = statuses.get(k, 0) + v
         await asyncio.sleep(1.0)
+        quiet_p99 = pct(base_lat, 0.99) or 0.0
         return {
             "scenario": "slow",
             "seconds": a.seconds,
             "slow_body_connections": a.slow_conns,
             "slow_connections_still_open_at_end": open_at_end,
             "vanishing_clients": a.vanishing,
-            "requests_abandoned_by_vanishing_clients": hung_up[0],
+            "requests_abandoned_by_vanishing_clients": int(out.decode().strip() or 0),
             "ordinary_baseline_p50_ms": pct(base_lat, 0.5),
-            "ordinary_baseline_p99_ms": pct(base_lat, 0.99),
+            "ordinary_baseline_p99_ms": quiet_p99,
             "ordinary_during_p50_ms": pct(dur_lat, 0.5),
             "ordinary_during_p99_ms": pct(dur_lat, 0.99),
+            "target_p99_ms": max(2 * quiet_p99, 250.0),
             "ordinary_requests_during": len(dur_lat),
             "ordinary_statuses_during": statuses,
             "dropped_pairs_disconnected": srv.metric("qtrel_dropped_pairs_total"),
@@ -287,7 +290,7 @@ def fuzz(a) -> dict:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("scenario", choices=["overload", "sigterm", "slow", "fuzz", "killstorm", "soak"])
+    p.add_argument("scenario", choices=["overload", "sigterm", "slow", "fuzz", "killstorm", "soak", "goodput"])
     p.add_argument("--model", default="builtin:default")
     p.add_argument("--seconds", type=float, default=20)
     p.add_argument("--clients", type=int, default=32)
@@ -304,7 +307,8 @@ def main() -> None:
     if a.scenario == "fuzz":
         res = fuzz(a)
     else:
-        scenarios = {"overload": overload, "sigterm": sigterm, "slow": slow, "killstorm": killstorm, "soak": soak}
+        scenarios = {"overload": overload, "sigterm": sigterm, "slow": slow}
+        scenarios |= {"killstorm": killstorm, "soak": soak, "goodput": goodput}
         res = asyncio.run(scenarios[a.scenario](a))
     res["command"] = res.get("command") or "python bench/stress.py " + " ".join(sys.argv[1:])
     print(json.dumps({k: v for k, v in res.items() if k != "summary"}))

@@ -3,13 +3,18 @@
 It knows nothing of HTTP or BERT: it batches items that have a token length. Batches are formed under
 a padded-token budget (longest x count), a size cap and a short wait for the batch to fill; the items
 of a window are sorted by length so that padding stays small, and the batch that holds the oldest item
-goes first, so nothing starves. Work whose caller has gone (cancelled future) or whose deadline has
-passed is dropped before it reaches the device. Admission is bounded by items and tokens outstanding.
+goes first, so nothing starves. Small requests go first: an item counts as having arrived later by
+SMALL_FIRST_S per pair of the request it came with (at most SMALL_FIRST_MAX_S later), so a one-pair
+request does not queue behind a 200-pair one that arrived a moment before it (and, if that one's client
+hangs up, its pairs are dropped before they take the model). Work whose caller has gone (cancelled
+future) or whose deadline has passed is dropped before it reaches the device. Admission is bounded by
+items and tokens outstanding.
 """
 
 from __future__ import annotations
 
 import asyncio
+import heapq
 import logging
 import math
 import time
@@ -19,6 +24,9 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 log = logging.getLogger("qtrel.batcher")
+
+SMALL_FIRST_S = 0.002  # seconds of precedence lost per pair of the submitting request
+SMALL_FIRST_MAX_S = 0.4  # the most a big request's items are held back: nothing starves
 
 
 class Overloaded(Exception):
@@ -77,6 +85,7 @@ class Item:
     enqueued: float = field(default_factory=time.monotonic)
     trace: Any = None  # the submitter's trace context, for the BatchTracer only
     tag: str | None = None  # the submitter's name for its work (a request id), for logs only
+    rank: float = 0.0  # the order batches are formed in: arrival, later for items of bigger requests
 
 
 def padded_tokens(lengths: Sequence[int]) -> int:
@@ -84,7 +93,8 @@ def padded_tokens(lengths: Sequence[int]) -> int:
 
 
 def plan_batch(window: Sequence[Item], max_tokens: int, max_size: int) -> list[Item]:
-    """From a window in arrival order, the length-sorted run of items that holds the oldest one and
+    """From a window in rank order (arrival, small requests first), the length-sorted run of items that
+    holds the first one and
     fits `max_tokens` padded tokens and `max_size` items."""
     oldest = window[0]
     ordered = sorted(window, key=lambda it: it.length)
@@ -173,9 +183,11 @@ class Batcher:
         self.check_admission(len(work), sum(length for length, _ in work))
         loop = asyncio.get_running_loop()
         futures = []
+        now = time.monotonic()
+        rank = now + min(SMALL_FIRST_MAX_S, SMALL_FIRST_S * len(work))
         for length, payload in work:
             fut = loop.create_future()
-            self._pending.append(Item(length, payload, fut, deadline, trace=trace, tag=tag))
+            self._pending.append(Item(length, payload, fut, deadline, now, trace, tag, rank))
             futures.append(fut)
         self._outstanding_items += len(work)
         self._outstanding_tokens += sum(length for length, _ in work)
@@ -272,7 +284,7 @@ class Batcher:
             if not self._pending:
                 self._slots.release()
                 continue
-            window = list(self._pending)[: self.max_batch_size * 4]
+            window = heapq.nsmallest(self.max_batch_size * 4, self._pending, key=lambda it: it.rank)
             batch = plan_batch(window, self.max_batch_tokens, self.max_batch_size)
             chosen = set(map(id, batch))
             self._pending = deque(it for it in self._pending if id(it) not in chosen)

@@ -162,3 +162,42 @@ def test_oldest_item_is_not_starved_by_a_stream_of_short_ones():
         await b.stop()
 
     asyncio.run(main())
+
+
+def test_a_small_request_goes_before_a_big_one_that_came_a_moment_earlier():
+    async def main():
+        rec = Recorder()
+        b = make(rec, max_batch_size=8)
+        big = b.submit([(4, f"big{i}") for i in range(40)])
+        await asyncio.sleep(0.005)
+        small = b.submit([(4, "small")])
+        b.start()
+        await asyncio.gather(*big, *small)
+        assert "small" in rec.batches[0]
+        # ... but a big request is held back a bounded time only: it goes first once it waited long enough
+        rec.batches.clear()
+        big = b.submit([(4, f"big{i}") for i in range(40)])
+        await asyncio.sleep(0.5)  # past SMALL_FIRST_MAX_S
+        small = b.submit([(4, "small")])
+        await asyncio.gather(*big, *small)
+        assert "small" not in rec.batches[0]
+        await b.stop()
+
+    asyncio.run(main())
+
+
+def test_an_item_whose_result_is_an_exception_fails_alone():
+    async def run(payloads):
+        return [ValueError(p) if p == "poison" else f"done:{p}" for p in payloads]
+
+    async def main():
+        b = make(run)
+        b.start()
+        res = await asyncio.gather(
+            *b.submit([(4, "a"), (4, "poison"), (4, "b")], tag="request r1"), return_exceptions=True
+        )
+        assert res[0] == "done:a" and res[2] == "done:b" and isinstance(res[1], ValueError)
+        assert b.outstanding == 0
+        await b.stop()
+
+    asyncio.run(main())
