@@ -14,7 +14,7 @@ from contextlib import asynccontextmanager
 
 from fastapi import APIRouter, Depends, FastAPI
 
-from service import errors
+from service import errors, openapi
 from service.batcher import Batcher
 from service.deps import require_api_key
 from service.engine import Engine
@@ -240,6 +240,8 @@ def create_app(
     app.include_router(metrics_router, dependencies=auth if settings.protect_metrics else [])
     app.include_router(ops_router)  # health: always open
     app.include_router(explain_page)  # static; its /explain calls carry the key
+    openapi.install(app, settings)  # the schema states the limits of the effective settings
+    lifecycle.reloaders.append(settings.keyring.reload)  # SIGHUP: the key file re-read
     app.add_middleware(EdgeMiddleware, metrics=metrics, max_body_bytes=settings.max_body_bytes)
     tracing.instrument(app)  # a span per request, outside the edge middleware
     return app

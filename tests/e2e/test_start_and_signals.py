@@ -125,3 +125,28 @@ def test_a_kill_storm_fails_no_request_and_the_server_recovers(tiny_checkpoint):
     finally:
         proc.terminate()
         proc.wait(30)
+
+
+def test_sighup_rereads_the_key_file_at_once(tiny_checkpoint, tmp_path):
+    keys = tmp_path / "keys"
+    keys.write_text("old-key-0123456789\n")
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    proc = start_server(tiny_checkpoint, port, "--api-keys-file", str(keys))
+    try:
+        wait_ready(url, proc)
+        body = {"query": "drill", "titles": ["a cordless drill"]}
+
+        def score(key):
+            return httpx.post(url + "/score", json=body, headers={"Authorization": f"Bearer {key}"}, timeout=30)
+
+        assert score("old-key-0123456789").status_code == 200  # the file was just checked: not again for 1 s
+        keys.write_text("new-key-9876543210\n")
+        proc.send_signal(signal.SIGHUP)
+        time.sleep(0.2)
+        assert score("new-key-9876543210").status_code == 200
+        assert score("old-key-0123456789").status_code == 401
+        assert proc.poll() is None
+    finally:
+        proc.terminate()
+        proc.wait(30)
