@@ -1,4 +1,4 @@
-"""Bulk scoring speed: `qtrel score` (model.bulk.score_file) against RelevanceModel.predict on the same pairs.
+"""Bulk scoring speed: `qtrel score` (model.bulk.score.score_file) against RelevanceModel.predict on the same pairs.
 
 Both run on one loaded model (the fast path of bench/model_speed.py: oneDNN-packed linears, no padding),
 in the same process, interleaved (the order rotates per repeat), median of the repeats. predict is given
@@ -22,9 +22,9 @@ from pathlib import Path
 import torch
 from results import DEV, command_line, machine, machine_lines, output_paths, update_section, write_json
 
-from model.bulk import score_file, score_pairs
-from model.bulk_io import CsvSink, CsvSource, Scores
-from model.classifier import RelevanceModel
+from model.bulk.io import CsvSink, CsvSource, Scores
+from model.bulk.score import score_file, score_pairs
+from model.relevance import RelevanceModel
 
 ROOT = Path(__file__).resolve().parent.parent
 

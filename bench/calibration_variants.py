@@ -18,12 +18,12 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from model.calibrate import crossfit_qwk, fit_temperature, fit_vector_scaling  # noqa: E402
-from model.classifier import RelevanceModel  # noqa: E402
 from model.data import read_labelled  # noqa: E402
-from model.evaluate import metrics_of, negatives_report, score_dataset  # noqa: E402
-from model.negatives import sample_negatives  # noqa: E402
+from model.relevance import RelevanceModel  # noqa: E402
 from model.scoring import LevelRule, fit_cuts, score_logits  # noqa: E402
+from model.train.calibrate import crossfit_qwk, fit_temperature, fit_vector_scaling  # noqa: E402
+from model.train.evaluate import metrics_of, negatives_report, score_dataset  # noqa: E402
+from model.train.negatives import sample_negatives  # noqa: E402
 
 DEV = Path(__file__).resolve().parent.parent.parent / "shared" / "data" / "homedepot" / "dev.csv"
 
@@ -42,7 +42,7 @@ def variants(judged: torch.Tensor, neg: torch.Tensor, y: torch.Tensor) -> dict[s
 
 
 def report(path: str, ds, negs, min_share: float) -> dict:
-    model = RelevanceModel.load(path, fast=True)
+    model = RelevanceModel.load(path)
     judged = score_dataset(model, ds.examples).logits
     neg = score_dataset(model, negs).logits
     y = torch.tensor(ds.labels)

@@ -93,7 +93,7 @@ def _offline_share(model_dir: str, dtype: str, threads: int, pairs: list, repeat
     """One offline process: load, warm up, wait for the others, then time predict `repeats` times."""
     import torch
 
-    from model.classifier import RelevanceModel
+    from model.relevance import RelevanceModel
 
     torch.set_num_threads(threads)
     m = RelevanceModel.load(model_dir, dtype=dtype)
@@ -118,10 +118,9 @@ def offline_pairs_per_s(
 
     import torch
 
-    from service.runtime import resolve_dtype
-    from service.settings import Settings
+    from model.device import resolve_dtype
 
-    dtype = resolve_dtype(Settings(dtype=dtype), torch.device("cpu"))
+    dtype = resolve_dtype(dtype, torch.device("cpu"))
     print(f"offline: {dtype}")
     ctx = mp.get_context("spawn")
     best, layouts = {}, {}
@@ -513,9 +512,9 @@ def main() -> int:
     if a.quick:
         a.seconds, a.warmup, a.pairs, a.queries, a.offline_repeats = 2.0, 0.5, 64, 4, 1
     if a.model is None:
-        from service.runtime import default_model_dir
+        from model.builtin import builtin_dir
 
-        a.model = default_model_dir()
+        a.model = builtin_dir()
     if not (a.model / "config.json").is_file():
         raise SystemExit(f"{a.model} is not a checkpoint (no config.json); pass --model DIR")
     base = loopback_url(a.url) if a.url else f"http://127.0.0.1:{free_port()}"

@@ -30,9 +30,9 @@ from results import DEV, command_line, machine, machine_lines, output_paths, upd
 
 from model.bert import BertForRelevance
 from model.checkpoint import save_checkpoint
-from model.classifier import RelevanceModel, level_values, new_from_encoder, pad_batch
 from model.config import BertConfig
-from model.kernels import PackedLinear
+from model.kernels import OneDNNLinear
+from model.relevance import RelevanceModel, level_values, new_from_encoder, pad_batch
 from model.tokenizer import PairTokenizer
 
 BATCH = 32
@@ -105,7 +105,7 @@ System = Callable[[Batch], torch.Tensor]
 
 
 def ours(path: Path, dtype: str, fast: bool) -> System:
-    m = RelevanceModel.load(path, dtype=dtype, fast=fast)
+    m = RelevanceModel.load(path, dtype=dtype, onednn=fast, unpadded=fast)
 
     def run(b: Batch) -> torch.Tensor:
         with torch.inference_mode():
@@ -168,10 +168,16 @@ def ort_system(path: Path, threads: int) -> System:
 def build_systems(path: Path, cfg: BertConfig, sample: Batch, threads: int, work: Path):
     """All systems for one checkpoint, and notes: systems that could not be built, ORT's fusions."""
     systems: dict[str, System] = {
-        "ours float32 unpacked": ours(path, "float32", fast=False),
-        "ours float32": ours(path, "float32", fast=True),
-        "ours bfloat16": ours(path, "bfloat16", fast=True),
-        "ours int8": ours(path, "int8", fast=False),
+        "ours float32 unpacked": ours(path, "float32", onednn=False, unpadded=False),
+        "ours float32": ours(
+            path,
+            "float32",
+        ),
+        "ours bfloat16": ours(
+            path,
+            "bfloat16",
+        ),
+        "ours int8": ours(path, "int8", onednn=False, unpadded=False),
     }
     hf = hf_model(path, "sdpa")
     systems["transformers"] = transformers_system(hf)
@@ -215,7 +221,7 @@ def matmul_peak(n: int, threads: int, reps: int) -> dict:
     from onnx import TensorProto, helper, numpy_helper
 
     a, b = torch.randn(n, n), torch.randn(n, n)
-    packed = PackedLinear(b, torch.zeros(n))
+    packed = OneDNNLinear(b, torch.zeros(n))
     graph = helper.make_graph(
         [helper.make_node("MatMul", ["A", "B"], ["C"])],
         "matmul",
@@ -270,7 +276,7 @@ def agreement(ref: torch.Tensor, other: torch.Tensor, values: torch.Tensor) -> d
 
 
 def bench_model(label: str, path: Path, n_pairs: int, args, peak: float, work: Path, quality: bool) -> dict:
-    m = RelevanceModel.load(path, fast=False)
+    m = RelevanceModel.load(path, onednn=False, unpadded=False)
     cfg, labels = m.cfg, m.labels
     batches = make_batches(m.tokenizer, read_pairs(n_pairs))
     del m

@@ -22,11 +22,11 @@ import torch
 from results import DEV, ROOT, command_line, machine, machine_lines, write_json
 
 from model.checkpoint import load_module, save_checkpoint
-from model.classifier import RelevanceModel
 from model.data import read_labelled
-from model.evaluate import evaluate
-from model.heads import gradient_importance, heads_to_remove, prune_heads, prune_order
+from model.relevance import RelevanceModel
 from model.tokenizer import PairTokenizer
+from model.train.evaluate import evaluate
+from model.train.heads import gradient_importance, heads_to_remove, prune_heads, prune_order
 
 TRAIN = DEV.parent / "train.csv"
 HEADS_MD = ROOT / "docs" / "heads.md"
@@ -34,7 +34,7 @@ RAW = ROOT / "docs" / "bench" / "prune_tradeoff.json"
 
 
 def finetune(path: Path, steps: int, threads: int) -> None:
-    from model.train import TrainArgs, train
+    from model.train.loop import TrainArgs, train
 
     train(
         TrainArgs(

@@ -32,11 +32,10 @@ def offline_speedup(a: Path, b: Path, dtype: str, pairs: list, repeats: int) -> 
     import torch
     from prune_tradeoff import throughput
 
-    from model.classifier import RelevanceModel
-    from service.runtime import resolve_dtype
-    from service.settings import Settings
+    from model.device import resolve_dtype
+    from model.relevance import RelevanceModel
 
-    dtype = resolve_dtype(Settings(dtype=dtype), torch.device("cpu"))
+    dtype = resolve_dtype(dtype, torch.device("cpu"))
     models = {"A": RelevanceModel.load(a, dtype=dtype), "B": RelevanceModel.load(b, dtype=dtype)}
     out = throughput(models, pairs, repeats, max_batch_tokens=8192, warmup_pairs=len(pairs))
     print(f"offline ({dtype}): A {out['A']:.0f} pairs/s, B {out['B']:.0f} pairs/s, B / A {out['B'] / out['A']:.2f}")

@@ -22,7 +22,7 @@ from model.config import BertConfig
 from model.packing import Packing, pack
 
 if TYPE_CHECKING:
-    from model.kernels import PackedLinear
+    from model.onednn import OneDNNLinear  # swapped in by model.kernels, which builds on this module
 
 
 def activation(name: str):
@@ -73,10 +73,10 @@ class SelfAttention(nn.Module):
         self.query = nn.Linear(cfg.hidden_size, inner)
         self.key = nn.Linear(cfg.hidden_size, inner)
         self.value = nn.Linear(cfg.hidden_size, inner)
-        # PackedLinear after model.kernels.pack_for_cpu() (which also deletes query, key and value)
-        self.out: nn.Linear | PackedLinear = nn.Linear(inner, cfg.hidden_size)
+        # model.kernels.OneDNNLinear after model.kernels.use_onednn_linears() (which also deletes query, key and value)
+        self.out: nn.Linear | OneDNNLinear = nn.Linear(inner, cfg.hidden_size)
         self.dropout_p = cfg.attention_probs_dropout_prob
-        self.qkv: PackedLinear | None = None  # fused q/k/v projection, set by model.kernels.pack_for_cpu()
+        self.qkv: OneDNNLinear | None = None  # fused q/k/v projection, set by model.kernels.use_onednn_linears()
 
     def forward(
         self, x: Tensor, bias: Tensor, head_mask: Tensor | None, return_probs: bool
@@ -128,11 +128,11 @@ class Layer(nn.Module):
         super().__init__()
         self.attn = SelfAttention(cfg, heads)
         self.attn_norm = nn.LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps)
-        # up and down: PackedLinear after model.kernels.pack_for_cpu()
-        self.up: nn.Linear | PackedLinear = nn.Linear(cfg.hidden_size, cfg.intermediate_size)
+        # up and down: OneDNNLinear after model.kernels.use_onednn_linears()
+        self.up: nn.Linear | OneDNNLinear = nn.Linear(cfg.hidden_size, cfg.intermediate_size)
         self.act_name = cfg.hidden_act
         self.act = activation(cfg.hidden_act)
-        self.down: nn.Linear | PackedLinear = nn.Linear(cfg.intermediate_size, cfg.hidden_size)
+        self.down: nn.Linear | OneDNNLinear = nn.Linear(cfg.intermediate_size, cfg.hidden_size)
         self.ffn_norm = nn.LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps)
         self.dropout = nn.Dropout(cfg.hidden_dropout_prob)
 

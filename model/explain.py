@@ -12,7 +12,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from model.classifier import RelevanceModel, pad_batch
+from model.levels import MAX_BATCH_TOKENS
+from model.relevance import RelevanceModel, pad_batch
 from model.tokenizer import Truncation
 
 SUMMARY_DECIMALS = 6  # per-head summaries and attributions
@@ -95,7 +96,7 @@ def attentions(model: RelevanceModel, ids: list[int], seg: list[int]) -> tuple[T
 
 
 def occlusion(
-    model: RelevanceModel, ids: list[int], seg: list[int], layout: PairLayout, max_batch_tokens: int = 8192
+    model: RelevanceModel, ids: list[int], seg: list[int], layout: PairLayout, max_batch_tokens: int = MAX_BATCH_TOKENS
 ) -> tuple[list[float | None], str]:
     """Score drop when each content token alone is replaced by [MASK] ([UNK] without one). The
     original pair rides in the same forward as its occluded copies, so each attribution is an exact

@@ -18,16 +18,14 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from model.levels import level_numbers
+
 CONFIG_KEY = "qtrel_level_cuts"
 
 
 def level_values(labels: Sequence[str]) -> Tensor:
-    """Numeric value of each level for the expected-level score: the label itself when numeric,
-    else its 1-based rank."""
-    try:
-        return torch.tensor([float(x) for x in labels])
-    except ValueError:
-        return torch.arange(1, len(labels) + 1, dtype=torch.float32)
+    """Numeric value of each level for the expected-level score (model.levels.level_numbers)."""
+    return torch.tensor(level_numbers(labels), dtype=torch.float32)
 
 
 @dataclass(frozen=True)
@@ -100,7 +98,7 @@ def fit_cuts(
     w = (torch.arange(k).view(-1, 1) - torch.arange(k).view(1, -1)).double().pow(2) / (k - 1) ** 2
     row = torch.bincount(y, minlength=k).double()
 
-    def qwk(c: list[float]) -> float:  # model.metrics.quadratic_kappa, vectorised for the search
+    def qwk(c: list[float]) -> float:  # model.train.metrics.quadratic_kappa, vectorised for the search
         pred = torch.bucketize(e, torch.tensor(c, dtype=torch.float64), right=True)
         m = torch.bincount(y * k + pred, minlength=k * k).double().view(k, k)
         if min_share and (m.sum(0) < min_share * len(y)).any():

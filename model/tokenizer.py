@@ -39,6 +39,30 @@ class EncodedPairs:
         return len(self.input_ids)
 
 
+@dataclass(slots=True)
+class PairCut:
+    """What truncation kept of one pair's query and title word pieces, and from which end it cut."""
+
+    query: list[int]  # the query's word pieces before truncation
+    title: list[int]
+    query_kept: list[int]
+    title_kept: list[int]
+    side: str  # "right": cut from the end; "left": from the start
+
+    @property
+    def truncated(self) -> bool:
+        return len(self.query_kept) < len(self.query) or len(self.title_kept) < len(self.title)
+
+    @property
+    def specials(self) -> tuple[int, int, int]:
+        """Positions of [CLS], the middle [SEP] and the last [SEP] in the framed pair."""
+        n_query, n_title = len(self.query_kept), len(self.title_kept)
+        return 0, n_query + 1, n_query + n_title + 2
+
+    def dropped(self, full: list[int], kept: list[int]) -> list[int]:
+        return full[len(kept) :] if self.side == "right" else full[: len(full) - len(kept)]
+
+
 def longest_first(n_query: int, n_title: int, budget: int) -> tuple[int, int]:
     """Lengths kept by `tokenizers`' longest_first: the shorter side stays whole when it fits in half
     the budget, otherwise both get half (the longer side, the title on a tie, takes the odd token)."""
@@ -144,6 +168,20 @@ class PairTokenizer:
     ) -> EncodedPairs:
         """Encode pairs; `max_length` defaults to the tokenizer's and never exceeds it. `side` says
         which end of a text is cut when it is truncated."""
+        return self._frame(self._cuts(queries, titles, max_length, truncation, side))
+
+    def explain_truncation(
+        self,
+        queries: Sequence[str],
+        titles: Sequence[str],
+        truncation: Truncation = "only_second",
+        side: Literal["right", "left"] = "right",
+    ) -> tuple[EncodedPairs, list[PairCut]]:
+        """`encode`, and per pair what truncation kept and cut of the query's and the title's word pieces."""
+        cuts = self._cuts(queries, titles, None, truncation, side)
+        return self._frame(cuts), cuts
+
+    def _cuts(self, queries, titles, max_length, truncation, side) -> list[PairCut]:
         check_texts(queries, "query")
         check_texts(titles, "title")
         if len(queries) != len(titles):
@@ -159,9 +197,8 @@ class PairTokenizer:
         # One query against many titles is the common request: encode each distinct query once.
         uniq = list(dict.fromkeys(queries))
         qids = dict(zip(uniq, self.encode_texts(uniq)))
-        tids = self.encode_texts(titles)
-        out = EncodedPairs([], [], [])
-        for q, t in zip(queries, tids):
+        cuts = []
+        for q, t in zip(queries, self.encode_texts(titles)):
             qi = qids[q]
             nq, nt = len(qi), len(t)
             if nq + nt > budget:
@@ -170,12 +207,18 @@ class PairTokenizer:
                 else:  # longest_first on request, or the query alone leaves no room for a title
                     nq, nt = longest_first(nq, nt, budget)
             if side == "right":
-                qk, tk = qi[:nq], t[:nt]
+                cuts.append(PairCut(qi, t, qi[:nq], t[:nt], side))
             else:
-                qk, tk = qi[len(qi) - nq :], t[len(t) - nt :]
-            out.input_ids.append([self.cls_id, *qk, self.sep_id, *tk, self.sep_id])
-            out.token_type_ids.append([0] * (nq + 2) + [1] * (nt + 1))
-            out.truncated.append(nq < len(qi) or nt < len(t))
+                cuts.append(PairCut(qi, t, qi[len(qi) - nq :], t[len(t) - nt :], side))
+        return cuts
+
+    def _frame(self, cuts: Sequence[PairCut]) -> EncodedPairs:
+        """`[CLS] query [SEP] title [SEP]` with segment ids 0/1, of what each cut kept."""
+        out = EncodedPairs([], [], [])
+        for c in cuts:
+            out.input_ids.append([self.cls_id, *c.query_kept, self.sep_id, *c.title_kept, self.sep_id])
+            out.token_type_ids.append([0] * (len(c.query_kept) + 2) + [1] * (len(c.title_kept) + 1))
+            out.truncated.append(c.truncated)
         return out
 
 

@@ -1,7 +1,7 @@
 """Composition root: settings -> runtime -> metrics -> worker -> batcher -> engine -> routes.
 
 The runtime (model directory, device, precision, process layout) is resolved once here, in the
-lifespan, and each part is handed what it needs; HTTP reaches the parts only through `service.deps`."""
+lifespan, and each part is handed what it needs; HTTP reaches the parts only through `service.http.deps`."""
 
 from __future__ import annotations
 
@@ -14,21 +14,23 @@ from contextlib import asynccontextmanager
 
 from fastapi import APIRouter, Depends, FastAPI
 
-from service import errors, openapi
-from service.batcher import Batcher
-from service.deps import require_api_key
-from service.engine import Engine
-from service.errors import ErrorKind, error_response
-from service.explain import explain_routers
+from service.errors import ErrorKind
+from service.http import errors, openapi
+from service.http.cohere import router as compat_router
+from service.http.deps import require_api_key
+from service.http.errors import as_service_error, error_response, response_for
+from service.http.explain import explain_routers
+from service.http.routes import metrics_router, ops_router, router
+from service.http.tokenize import router as tokenize_router
 from service.logs import request_id
 from service.metrics import Metrics
-from service.routes import metrics_router, ops_router, router
-from service.routes_compat import router as compat_router
-from service.runtime import package_version, resolve_runtime
+from service.runtime.batcher import Batcher
+from service.runtime.engine import Engine
+from service.runtime.layout import package_version, resolve_runtime
+from service.runtime.worker import Worker
 from service.settings import Settings
 from service.tracing import Tracing
 from service.tracing import from_env as tracing_from_env
-from service.worker import Worker
 
 log = logging.getLogger("qtrel.http")
 
@@ -55,7 +57,7 @@ SCORING_ROUTES = {"/score", "/predict", "/rerank", "/v1/rerank", "/v2/rerank"}  
 QUIET_ROUTES = {"/health/live", "/health/ready", "/livez", "/readyz", "/metrics"}
 # Routers whose every route needs `Authorization: Bearer <key>` when API keys are set (require_api_key):
 # scoring, /info and, added in create_app, /explain. A new router of scoring or model routes goes here.
-PROTECTED_ROUTERS: list[APIRouter] = [router, compat_router]
+PROTECTED_ROUTERS: list[APIRouter] = [router, compat_router, tokenize_router]
 
 
 class Lifecycle:
@@ -144,8 +146,9 @@ class EdgeMiddleware:
         try:
             engine = scope.get("state", {}).get("engine")  # the lifespan's state, once started
             if route in SCORING_ROUTES and engine is not None and (refusal := engine.refuse_early()) is not None:
-                resp = error_response(refusal.kind, refusal.message, refusal.retry_after)
-                await resp(scope, receive, send_wrapped)
+                mapped = as_service_error(refusal)
+                assert mapped is not None
+                await response_for(mapped)(scope, receive, send_wrapped)
                 return
             replay = receive
             if scope["method"] in ("POST", "PUT", "PATCH"):
@@ -219,7 +222,7 @@ def create_app(
         # Load and warm up in the background: the server answers /health/* (503) meanwhile.
         starting = asyncio.create_task(lifecycle.start(engine), name="qtrel-start")
         try:
-            yield {"engine": engine, "settings": settings, "metrics": metrics}  # request.state, for service.deps
+            yield {"engine": engine, "settings": settings, "metrics": metrics}  # request.state, for service.http.deps
         finally:
             await engine.drain(settings.drain_timeout_s)
             starting.cancel()

@@ -8,19 +8,19 @@ import json
 import logging
 import sys
 
-from service.cli_eval import add_baseline as _add_baseline
-from service.cli_eval import add_eval as _add_eval
-from service.cli_eval import cmd_baseline as _cmd_baseline
-from service.cli_eval import cmd_eval as _cmd_eval
-from service.cli_eval import fail as _fail
-from service.cli_score import add_score as _add_score
-from service.cli_score import cmd_score as _cmd_score
+from model.bulk.cli import add_score as _add_score
+from model.bulk.cli import cmd_score as _cmd_score
+from model.train.cli import add_baseline as _add_baseline
+from model.train.cli import add_eval as _add_eval
+from model.train.cli import cmd_baseline as _cmd_baseline
+from model.train.cli import cmd_eval as _cmd_eval
+from model.train.cli import fail as _fail
 
 
 def _add_train(sub) -> None:
     from dataclasses import MISSING, fields
 
-    from model.train import HELP, TrainArgs
+    from model.train.loop import HELP, TrainArgs
 
     p = sub.add_parser("train", help="fine-tune a BERT encoder (or a qtrel checkpoint) on graded pairs")
     p.add_argument("train_file", help="CSV or JSON lines with query, title and a graded label")
@@ -46,7 +46,7 @@ def _add_train(sub) -> None:
 
 
 def _cmd_train(a) -> int:
-    from model.train import TrainArgs, train
+    from model.train.loop import TrainArgs, train
 
     opts = {k: v for k, v in vars(a).items() if k in TrainArgs.__dataclass_fields__}
     opts["base"] = a.base or str(default_base())
@@ -111,7 +111,7 @@ def serve(settings) -> int:
         timeout_graceful_shutdown=int(settings.drain_timeout_s) or None,
         access_log=False,
     )
-    from service.runtime import quiet_gc
+    from service.runtime.layout import quiet_gc
 
     quiet_gc()  # this process is the server's alone: keep the start-up objects out of the GC's scans
     server = Server(config)
@@ -139,10 +139,10 @@ def _cmd_serve(a) -> int:
     except ValidationError as e:
         print(f"qtrel serve: invalid settings:\n{e}", file=sys.stderr)
         return 2
-    from service.runtime import resolve_model_dir
+    from model.builtin import resolve_model
 
     try:
-        resolve_model_dir(settings)
+        resolve_model(settings.model)
     except FileNotFoundError as e:
         print(f"qtrel serve: {e}", file=sys.stderr)
         return 2
@@ -162,7 +162,7 @@ def _add_heads(sub) -> None:
 
 
 def _cmd_heads(a) -> int:
-    from model.heads_run import EXPERIMENTS, run
+    from model.train.heads_run import EXPERIMENTS, run
 
     exps = EXPERIMENTS if a.experiments == "all" else tuple(x.strip() for x in a.experiments.split(","))
     res = run(
@@ -175,7 +175,7 @@ def _cmd_heads(a) -> int:
         progress=not a.no_progress,
         threads=a.threads,
     )
-    from model.heads_run import summary
+    from model.train.heads_run import summary
 
     print(json.dumps(summary(res), indent=2))
     return 0
@@ -191,7 +191,7 @@ def _add_prune(sub) -> None:
 
 
 def _cmd_prune(a) -> int:
-    from model.heads import prune_checkpoint
+    from model.train.heads import prune_checkpoint
 
     try:
         print(json.dumps(prune_checkpoint(a.model, a.data, a.out, a.fraction, a.limit)))
@@ -237,7 +237,7 @@ def _add_calibrate(sub) -> None:
 
 
 def _cmd_calibrate(a) -> int:
-    from model.calibrate import calibrate
+    from model.train.calibrate import calibrate
 
     print(json.dumps(calibrate(a.model, a.data, a.out, cuts=not a.no_cuts, min_share=a.min_share, bias=a.bias)))
     return 0

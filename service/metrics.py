@@ -123,7 +123,7 @@ class Metrics:
     def batch_split(self, reason: str) -> None:
         self.batches_split.labels(reason).inc()
 
-    # called by service.deps.require_api_key
+    # called by service.http.deps.require_api_key
     def key_used(self, key_id: str, ring: KeyRing) -> None:
         """Count a request under its key's id; when the keys in force changed, their series are set anew
         (a key no longer in force loses its series), so the label's values are the keys in force."""

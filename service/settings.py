@@ -8,6 +8,7 @@ from typing import Literal
 from pydantic import Field, PrivateAttr, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from model.levels import MAX_BATCH_TOKENS
 from service.keys import KeyRing, split_keys
 
 
@@ -61,7 +62,7 @@ class Settings(BaseSettings):
     )
 
     # --- batching ---
-    max_batch_tokens: int = Field(8192, ge=64, description="padded tokens per forward (longest x pairs)")
+    max_batch_tokens: int = Field(MAX_BATCH_TOKENS, ge=64, description="padded tokens per forward (longest x pairs)")
     max_batch_size: int = Field(128, ge=1, description="pairs per forward")
     max_wait_ms: float = Field(2.0, ge=0, description="how long a batch may wait to fill")
 

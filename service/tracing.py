@@ -10,7 +10,7 @@ endpoint, headers and timeout, `OTEL_SERVICE_NAME` (default `qtrel`), `OTEL_RESO
 Spans: one per request (FastAPI's instrumentation), and under it `qtrel.tokenize` (pairs, tokens),
 `qtrel.queue_wait` (from submission until the batch holding the request's pairs went to a model process) and
 `qtrel.forward` (that batch's trip to the model and back: batch size, tokens, padded tokens). The batcher
-knows nothing of OpenTelemetry: it reports each batch's timings to a `BatchTracer` (`service.batcher`),
+knows nothing of OpenTelemetry: it reports each batch's timings to a `BatchTracer` (`service.runtime.batcher`),
 and this module turns them into spans with explicit start and end times under each request's context.
 
 Nothing here imports OpenTelemetry (or FastAPI) at module level.
@@ -49,7 +49,7 @@ class Tracing:
     """Tracing switched off: every call does nothing. The engine, the batcher and the app call only these."""
 
     enabled = False
-    batch_tracer: Any = None  # a service.batcher.BatchTracer, or None: the batcher skips the call
+    batch_tracer: Any = None  # a service.runtime.batcher.BatchTracer, or None: the batcher skips the call
 
     def context(self) -> Any:
         """The current trace context, handed with submitted work to the batcher (None when off)."""
@@ -98,7 +98,7 @@ class OtelTracing(Tracing):
         lengths: Sequence[int],
         error: BaseException | None,
     ) -> None:
-        """service.batcher.BatchTracer: a batch's timings (monotonic seconds) -> a queue-wait and a forward
+        """service.runtime.batcher.BatchTracer: a batch's timings (monotonic seconds) -> a queue-wait and a forward
         span under each request that had pairs in it."""
         offset = time.time_ns() - time.monotonic_ns()
         ns = lambda t: int(t * 1e9) + offset

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from model.classifier import RelevanceModel
+from model.relevance import RelevanceModel
 
 
 @pytest.fixture(scope="package", autouse=True)
@@ -27,4 +27,4 @@ def model(tiny_checkpoint) -> RelevanceModel:
 @pytest.fixture(scope="module")
 def unpacked(tiny_checkpoint) -> RelevanceModel:
     """Plain layers, padded batches: the reference path."""
-    return RelevanceModel.load(tiny_checkpoint, fast=False)
+    return RelevanceModel.load(tiny_checkpoint, onednn=False, unpadded=False)

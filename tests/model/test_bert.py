@@ -7,8 +7,8 @@ import warnings
 import pytest
 import torch
 
-from model.classifier import RelevanceModel, pad_batch
-from model.kernels import can_pack, probe
+from model.kernels import onednn_available, probe
+from model.relevance import RelevanceModel, pad_batch
 from tests.conftest import make_tiny_checkpoint, read_pairs
 
 ATOL = 1e-5
@@ -83,7 +83,7 @@ def test_masking_a_head_changes_outputs(model, batch, layer, head):
 
 def test_masking_a_head_equals_zeroing_its_values(tiny_checkpoint, model, batch):
     """A masked head emits zero: the same as a model whose value projection for that head is zero."""
-    zeroed = RelevanceModel.load(tiny_checkpoint, fast=False)
+    zeroed = RelevanceModel.load(tiny_checkpoint, onednn=False, unpadded=False)
     value = zeroed.module.bert.layers[1].attn.value
     with torch.no_grad():
         value.weight[8:16] = 0  # head 1 of 4, head size 8
@@ -105,7 +105,7 @@ def test_head_mask_of_the_wrong_shape_raises(model, batch, shape):
 def test_pruned_heads_keep_original_indices(tmp_path, batch):
     """Head masks name heads by their original index, also in a layer with pruned heads."""
     path = make_tiny_checkpoint(tmp_path / "pruned", pruned_heads={0: [1]})
-    unpacked = RelevanceModel.load(path, fast=False)
+    unpacked = RelevanceModel.load(path, onednn=False, unpadded=False)
     assert unpacked.module.bert.layers[0].attn.heads == [0, 2, 3]
     assert unpacked.module.bert.layers[0].attn.query.out_features == 24
     gone = torch.ones(2, 4)
@@ -156,13 +156,13 @@ def test_reduced_precision_on_cpu_is_close_to_float32(tiny_checkpoint, model, en
     assert (got.argmax(-1) == want.argmax(-1)).float().mean() > 0.85
     if dtype == "bfloat16":
         assert low.module.classifier.weight.dtype == torch.bfloat16
-        assert low.packed == (can_pack(torch.bfloat16) and probe(torch.bfloat16) is None)
+        assert low.onednn == (onednn_available(torch.bfloat16) and probe(torch.bfloat16) is None)
     else:  # every Linear became a dynamically quantised one
         linears = [type(m) for m in low.module.modules() if type(m).__name__ == "Linear"]
         assert len(linears) == 2 * 6 + 2  # per layer q, k, v, out, up, down; pooler; classifier
         assert all(".quantized.dynamic." in t.__module__ for t in linears), linears
         assert (got - want).abs().max() > 0  # really ran in reduced precision
-        assert not low.packed
+        assert not low.onednn
 
 
 def test_float16_on_cpu_is_refused(tiny_checkpoint):

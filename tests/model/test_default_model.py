@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from model.classifier import RelevanceModel
 from model.data import read_labelled
-from model.evaluate import metrics_of, negatives_report, score_dataset
-from model.negatives import sample_negatives
+from model.relevance import RelevanceModel
+from model.train.evaluate import metrics_of, negatives_report, score_dataset
+from model.train.negatives import sample_negatives
 from tests.conftest import shared_data
 
 ROOT = Path(__file__).resolve().parent.parent.parent

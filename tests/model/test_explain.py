@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from model.classifier import RelevanceModel, level_values, pad_batch
 from model.explain import PairLayout, explain_pair, term_matching
+from model.relevance import RelevanceModel, level_values, pad_batch
 from tests.conftest import make_tiny_checkpoint
 
 PAIR = ("cordless drill", "dewalt 20v max cordless drill kit")
@@ -113,7 +113,7 @@ def test_term_matching_finds_the_head_that_links_twins():
 
 
 def test_truncated_pair_and_unpacked_model(tiny_checkpoint):
-    m = RelevanceModel.load(tiny_checkpoint, max_length=16, fast=False)
+    m = RelevanceModel.load(tiny_checkpoint, max_length=16, onednn=False, unpadded=False)
     out = explain_pair(m, "drill", "cordless drill " * 20, top_heads=2)
     assert out["truncated"] and len(out["tokens"]) == 16
     assert len(out["occlusion"]["attribution"]) == 16 and len(out["term_matching_heads"]) == 2

@@ -9,9 +9,9 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from model.classifier import RelevanceModel, pad_batch
-from model.kernels import PackedLinear, can_pack, probe, warm_linear_shapes
+from model.kernels import OneDNNLinear, onednn_available, probe, warm_linear_shapes
 from model.packing import token_buckets
+from model.relevance import RelevanceModel, pad_batch
 from tests.conftest import read_pairs
 
 ATOL = 1e-5
@@ -34,14 +34,14 @@ def run(model, ids, seg, mask, head_mask=None, plain=False):
 
 
 def packs(dtype: torch.dtype) -> bool:
-    return can_pack(dtype) and probe(dtype) is None
+    return onednn_available(dtype) and probe(dtype) is None
 
 
 # --- pre-packed (oneDNN) linear layers ---------------------------------------------------------------
 def test_load_packs_where_the_cpu_allows(model, unpacked):
-    assert model.packed == packs(torch.float32)
-    assert not unpacked.packed
-    if model.packed:
+    assert model.onednn == packs(torch.float32)
+    assert not unpacked.onednn
+    if model.onednn:
         attn = model.module.bert.layers[0].attn
         assert attn.qkv is not None and not hasattr(attn, "query")
 
@@ -60,8 +60,8 @@ def test_packed_and_unpacked_agree(model, unpacked, batch):
 
 
 def test_packed_model_is_not_saved(model, unpacked, tmp_path):
-    if model.packed:
-        with pytest.raises(ValueError, match="load with fast=False"):
+    if model.onednn:
+        with pytest.raises(ValueError, match="load with onednn=False"):
             model.save(tmp_path / "packed")
     unpacked.save(tmp_path / "unpacked")
     assert (tmp_path / "unpacked" / "model.safetensors").is_file()
@@ -73,20 +73,20 @@ def test_warm_linear_shapes_covers_each_distinct_layer_once_per_bucket(model):
 
 
 # --- the probe ----------------------------------------------------------------------------------------
-@pytest.mark.skipif(not can_pack(torch.float32), reason="torch built without oneDNN")
+@pytest.mark.skipif(not onednn_available(torch.float32), reason="torch built without oneDNN")
 def test_probe_passes_in_float32_on_this_torch(model):
     assert probe(torch.float32) is None
     assert model.describe()["cpu_kernels"] == "onednn-packed"
 
 
-@pytest.mark.skipif(not can_pack(torch.bfloat16), reason="torch built without oneDNN")
+@pytest.mark.skipif(not onednn_available(torch.bfloat16), reason="torch built without oneDNN")
 def test_bfloat16_packs_exactly_where_the_probe_passes(tiny_checkpoint):
     """oneDNN refuses bfloat16 weights on CPUs without AVX512 (or AVX-NE-CONVERT): there the probe says
     why and the model keeps the plain layers; elsewhere it packs."""
     failure = probe(torch.bfloat16)
     assert failure is None or failure.startswith("RuntimeError: ")
     low = RelevanceModel.load(tiny_checkpoint, dtype="bfloat16")
-    assert low.packed == (failure is None)
+    assert low.onednn == (failure is None)
     want = "onednn-packed" if failure is None else f"plain (probe failed: {failure})"
     assert low.describe()["cpu_kernels"] == want
 
@@ -117,7 +117,7 @@ def broken_ops(how: str, monkeypatch) -> str:
     return "float32 16->24 none/- on (8, 16): got (8, 23)"
 
 
-@pytest.mark.skipif(not can_pack(torch.float32), reason="torch built without oneDNN")
+@pytest.mark.skipif(not onednn_available(torch.float32), reason="torch built without oneDNN")
 @pytest.mark.parametrize("how", ["missing", "raising", "wrong numbers", "wrong shape"])
 def test_broken_private_ops_fall_back_to_the_plain_layers(tiny_checkpoint, unpacked, encoded, how, monkeypatch, caplog):
     reason = broken_ops(how, monkeypatch)
@@ -129,8 +129,8 @@ def test_broken_private_ops_fall_back_to_the_plain_layers(tiny_checkpoint, unpac
     assert reason in warnings[0].getMessage()
     assert "\n" not in warnings[0].getMessage()
 
-    assert not fallback.packed and fallback.unpadded
-    assert not any(isinstance(m, PackedLinear) for m in fallback.module.modules())
+    assert not fallback.onednn and fallback.unpadded
+    assert not any(isinstance(m, OneDNNLinear) for m in fallback.module.modules())
     assert fallback.module.bert.layers[0].attn.qkv is None
     kernels = fallback.describe()["cpu_kernels"]
     assert kernels.startswith(f"plain (probe failed: {reason}") and kernels.endswith(")")

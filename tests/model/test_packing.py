@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from model.classifier import RelevanceModel
 from model.packing import pack, token_bucket, token_buckets
+from model.relevance import RelevanceModel
 from tests.conftest import make_tiny_checkpoint, read_pairs
 
 ATOL = 1e-5
@@ -60,7 +60,7 @@ def test_unpadded_batches_equal_padded_ones(tiny_checkpoint, unpacked):
 def test_unpadded_pruned_model_equals_padded(tmp_path):
     path = make_tiny_checkpoint(tmp_path / "pruned", pruned_heads={0: [1], 1: [0, 3]})
     enc = RelevanceModel.load(path).encode(read_pairs(12))
-    want = RelevanceModel.load(path, fast=False).logits(enc.input_ids, enc.token_type_ids)
+    want = RelevanceModel.load(path, onednn=False, unpadded=False).logits(enc.input_ids, enc.token_type_ids)
     got = RelevanceModel.load(path).logits(enc.input_ids, enc.token_type_ids)
     torch.testing.assert_close(got, want, atol=ATOL, rtol=0)
 

@@ -15,7 +15,7 @@ import torch
 from safetensors.torch import save_file
 
 from model.checkpoint import save_checkpoint
-from model.classifier import RelevanceModel, new_from_encoder, pad_batch
+from model.relevance import RelevanceModel, new_from_encoder, pad_batch
 from tests.conftest import minilm_dir, read_pairs
 
 transformers = pytest.importorskip("transformers")
@@ -47,8 +47,8 @@ def ours(checkpoint) -> RelevanceModel:
 @pytest.fixture(scope="module")
 def ours_unpacked(checkpoint) -> RelevanceModel:
     """Plain torch linear layers: the form that trains and saves."""
-    model = RelevanceModel.load(checkpoint, fast=False)
-    assert not model.packed
+    model = RelevanceModel.load(checkpoint, onednn=False, unpadded=False)
+    assert not model.onednn
     return model
 
 

@@ -9,10 +9,10 @@ import pytest
 import torch
 
 from model.checkpoint import load_module, save_checkpoint
-from model.classifier import RelevanceModel
-from model.metrics import quadratic_kappa
+from model.relevance import RelevanceModel
 from model.scoring import CONFIG_KEY, LevelRule, fit_cuts, level_values, score_logits
 from model.tokenizer import PairTokenizer
+from model.train.metrics import quadratic_kappa
 from tests.conftest import read_pairs
 
 
@@ -67,7 +67,7 @@ def test_level_rule_round_trips_through_save_and_load_and_is_applied(tiny_checkp
     module.cfg = replace(module.cfg, extra={**module.cfg.extra, **LevelRule(cuts).to_extra()})
     save_checkpoint(module, tok, tmp_path / "cut")
     for fast in (False, True):
-        m = RelevanceModel.load(tmp_path / "cut", fast=fast)
+        m = RelevanceModel.load(tmp_path / "cut", onednn=fast, unpadded=fast)
         assert m.rule.cuts == pytest.approx(cuts, abs=1e-6) and m.describe()["level_rule"] != "argmax"
         got = m.predict(pairs)
         want = LevelRule(tuple(m.rule.cuts)).levels(torch.empty(0), torch.tensor([p.score for p in got]))

@@ -8,7 +8,7 @@ import shutil
 import pytest
 from tokenizers import Tokenizer
 
-from model.classifier import RelevanceModel
+from model.relevance import RelevanceModel
 from model.tokenizer import PairTokenizer, TokenizerError, longest_first
 from tests.conftest import minilm_dir, read_pairs
 

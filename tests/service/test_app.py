@@ -12,7 +12,7 @@ from fastapi.testclient import TestClient
 
 from service.app import Lifecycle, build_engine, create_app
 from service.metrics import Metrics
-from service.runtime import package_version, resolve_runtime
+from service.runtime.layout import package_version, resolve_runtime
 from service.settings import Settings
 
 

@@ -6,7 +6,7 @@ import json
 
 import torch
 
-from model.classifier import RelevanceModel
+from model.relevance import RelevanceModel
 from service.cli import main
 from tests.conftest import read_pairs
 

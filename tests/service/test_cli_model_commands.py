@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from model.classifier import RelevanceModel
+from model.relevance import RelevanceModel
 from service.cli import main
 from tests.conftest import HOMEDEPOT, shared_data
 
@@ -51,7 +51,7 @@ def test_prune_refuses_a_fraction_out_of_range(tiny_checkpoint, tmp_path, capsys
 
 
 def test_train_options_come_from_train_args_with_their_defaults(tiny_checkpoint, tmp_path, capsys):
-    from model.train import TrainArgs
+    from model.train.loop import TrainArgs
 
     train = shared_data("homedepot", "train.csv")
     small = tmp_path / "train.csv"

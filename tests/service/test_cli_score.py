@@ -5,7 +5,7 @@ from __future__ import annotations
 import csv
 import json
 
-from model.classifier import RelevanceModel
+from model.relevance import RelevanceModel
 from service.cli import main
 
 

@@ -11,7 +11,7 @@ import httpx
 import pytest
 
 from service import tracing
-from service.batcher import Batcher
+from service.runtime.batcher import Batcher
 from tests.service.conftest import live_server
 
 TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"

@@ -1,0 +1,121 @@
+"""`qtrel score`: bulk scoring of a file, on one machine (`model.bulk.score`) or on a Ray cluster (`model.bulk.ray`).
+Parsing and dispatch only; heavy imports happen inside the command."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+from model.levels import MAX_BATCH_TOKENS
+
+
+def add_score(sub) -> None:
+    p = sub.add_parser(
+        "score",
+        help="score every query-title pair of a CSV, JSON lines or Parquet file into a file "
+        "of the same format (or, with --ray, on a Ray cluster)",
+    )
+    p.add_argument(
+        "input", help="file with query and title columns (.csv, .jsonl/.json, .parquet); --ray: also a folder"
+    )
+    p.add_argument("--out", required=True, help="output file (same format); --ray: an output folder of part files")
+    p.add_argument(
+        "--model", default="builtin:default", help="checkpoint directory or builtin:default / builtin:pruned"
+    )
+    p.add_argument("--query-column", default="query")
+    p.add_argument("--title-column", default="title")
+    p.add_argument(
+        "--prefix",
+        default="",
+        help="prefix of the score columns (level, score, p_<label>), e.g. pred_ when the input has a level column",
+    )
+    p.add_argument("--device", default="auto", help="cpu, cuda or auto (cuda when there is one)")
+    p.add_argument(
+        "--dtype",
+        default="auto",
+        choices=["auto", "float32", "bfloat16", "float16", "int8"],
+        help="auto: as `qtrel serve` (float16 on cuda; bfloat16 on CPUs with AVX512-BF16 or AMX, else float32)",
+    )
+    p.add_argument("--max-length", type=int, default=128, help="tokens per pair")
+    p.add_argument("--max-batch-tokens", type=int, default=MAX_BATCH_TOKENS, help="padded tokens per forward pass")
+    p.add_argument("--threads", type=int, default=0, help="torch intra-op threads (0: torch's default)")
+    p.add_argument("--chunk-rows", type=int, default=20000, help="rows read, scored and written at a time")
+    p.add_argument(
+        "--resume",
+        action="store_true",
+        help="keep the rows OUTPUT holds (to the last whole chunk) and "
+        "score the rest; use the first run's model and --chunk-rows",
+    )
+    p.add_argument("--overwrite", action="store_true", help="replace an existing OUTPUT")
+    p.add_argument(
+        "--skip-bad",
+        action="store_true",
+        help="write rows with a missing or empty query or title with empty scores instead of stopping",
+    )
+    p.add_argument("--no-progress", dest="progress", action="store_false")
+    p.add_argument(
+        "--ray",
+        metavar="ADDRESS",
+        help="score on a Ray cluster with Ray Data: local, auto or ray://host:port (pip install 'qtrel[ray]')",
+    )
+    p.add_argument("--num-actors", type=int, default=2, help="--ray: actors, one model each")
+    p.add_argument("--batch-size", type=int, default=1024, help="--ray: rows per map_batches call")
+    p.add_argument("--num-cpus", type=float, default=1.0, help="--ray: CPUs per actor (= its torch threads)")
+    p.add_argument("--num-gpus", type=float, default=0.0, help="--ray: GPUs per actor; > 0 runs the model on cuda")
+
+
+def cmd_score(a) -> int:
+    from model.builtin import resolve_model
+
+    try:  # the rule of `qtrel serve --model`
+        model_dir = resolve_model(a.model)
+    except FileNotFoundError as e:
+        return _fail(e)
+    opts = dict(
+        query_column=a.query_column,
+        title_column=a.title_column,
+        prefix=a.prefix,
+        max_batch_tokens=a.max_batch_tokens,
+        skip_bad=a.skip_bad,
+        overwrite=a.overwrite,
+    )
+    try:
+        if a.ray and a.resume:
+            raise ValueError("--resume works on one machine only: a Ray run writes its output folder anew")
+        if a.ray:
+            from model.bulk.ray import score_dataset_ray
+
+            summary = score_dataset_ray(
+                a.input,
+                a.out,
+                model_dir,
+                address=a.ray,
+                num_actors=a.num_actors,
+                batch_size=a.batch_size,
+                num_cpus=a.num_cpus,
+                num_gpus=a.num_gpus,
+                dtype=a.dtype,
+                max_length=a.max_length,
+                **opts,
+            )
+        else:
+            import torch
+
+            from model.bulk.score import score_file
+            from model.relevance import RelevanceModel
+
+            if a.threads:
+                torch.set_num_threads(a.threads)
+            model = RelevanceModel.load(model_dir, device=a.device, dtype=a.dtype, max_length=a.max_length)
+            summary = score_file(
+                model, a.input, a.out, chunk_rows=a.chunk_rows, resume=a.resume, progress=a.progress, **opts
+            )
+    except ValueError as e:
+        return _fail(e)
+    print(json.dumps(summary))
+    return 0
+
+
+def _fail(message) -> int:
+    print(f"qtrel score: {message}", file=sys.stderr)
+    return 2

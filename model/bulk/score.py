@@ -1,0 +1,185 @@
+"""Bulk scoring of a file on one machine: `qtrel score INPUT --out OUTPUT`.
+
+The input (CSV, JSON lines or Parquet, `model.bulk.io`) is read in chunks of `chunk_rows` rows, so memory
+stays bounded whatever the file's size. Each chunk is tokenised at once, forwarded in length-sorted batches
+of at most `max_batch_tokens` padded tokens (`RelevanceModel.encoded_logits`), scored by the model's one
+scoring contract (`model.scoring`), and appended to the output in input order. The output has the input's
+columns and, after them, `level` (the label chosen by the checkpoint's level rule), `score` (the expected
+level) and `p_<label>` per level, each optionally prefixed.
+
+Bad rows (a missing or empty query or title, a CSV row with the wrong number of fields, a JSON line that
+is not an object) stop the run at the chunk that holds them, with every bad row of that chunk listed as
+file:line (`model.data.DataError`); the chunks before it are written, so that after fixing the file
+`resume=True` goes on from there. With `skip_bad=True` they are written with empty score columns instead
+and counted in the summary.
+
+`resume=True` keeps the rows OUTPUT already holds, cut back to the last complete chunk, and scores the
+rest: with the same model and `chunk_rows` the result is byte for byte the file an uninterrupted run writes.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import numpy as np
+
+from model.bulk.io import Chunk, CsvSink, CsvSource, JsonlSink, JsonlSource, Scores, Sink, Source, format_of, parts_dir
+from model.bulk.parquet import ParquetSink, ParquetSource
+from model.data import DataError
+from model.levels import MAX_BATCH_TOKENS
+from model.relevance import RelevanceModel
+
+__all__ = ["score_file", "score_pairs", "score_names"]
+
+log = logging.getLogger("qtrel.bulk")
+
+SOURCES: dict[str, Callable[[Path, str, str], Source]] = {
+    "csv": CsvSource,
+    "jsonl": JsonlSource,
+    "parquet": ParquetSource,
+}
+SINKS: dict[str, Callable[..., Sink]] = {"csv": CsvSink, "jsonl": JsonlSink, "parquet": ParquetSink}
+
+
+def score_names(labels: Sequence[str], prefix: str = "") -> list[str]:
+    """Names of the score columns: level, score, then p_<label> for each level."""
+    return [f"{prefix}level", f"{prefix}score", *(f"{prefix}p_{lab}" for lab in labels)]
+
+
+def score_pairs(
+    model: RelevanceModel,
+    pairs: Sequence[tuple[str, str] | None],
+    max_batch_tokens: int = MAX_BATCH_TOKENS,
+    prefix: str = "",
+) -> Scores:
+    """Score columns of pairs in their order, forwarded in length-sorted batches; None rows stay empty."""
+    good = [i for i, p in enumerate(pairs) if p is not None]
+    values = np.full((len(pairs), 1 + len(model.labels)), np.nan, dtype=np.float32)
+    level: list[str | None] = [None] * len(pairs)
+    if good:
+        enc = model.encode([p for p in pairs if p is not None])
+        s = model.score(model.encoded_logits(enc, max_batch_tokens))
+        values[good, 0] = s.expected.numpy()
+        values[good, 1:] = s.probs.numpy()
+        for i, lv in zip(good, s.level.tolist()):
+            level[i] = model.labels[lv]
+    return Scores(score_names(model.labels, prefix), level, values)
+
+
+def _bad_rows(path: Path, chunk: Chunk, max_errors: int) -> DataError:
+    shown = chunk.problems[:max_errors]
+    more = f" (the first {max_errors} shown)" if len(chunk.problems) > max_errors else ""
+    return DataError(
+        f"{len(chunk.problems)} bad row(s) in {path} among rows {chunk.start + 1}-{chunk.start + len(chunk)}{more}; "
+        f"the {chunk.start} rows before them are written. Fix them and resume, or pass --skip-bad to write them "
+        "with empty scores:\n" + "\n".join(f"{path}:{line}: {why}" for line, why in shown)
+    )
+
+
+class _Progress:
+    """A tqdm bar in pairs with pairs/s where tqdm is installed, else one log line per chunk."""
+
+    def __init__(self, on: bool, total: int | None, initial: int):
+        self.bar = None
+        self.t0, self.done = time.perf_counter(), 0
+        if on:
+            try:
+                from tqdm import tqdm
+            except ImportError:
+                pass
+            else:
+                self.bar = tqdm(total=total, initial=initial, unit=" pairs", smoothing=0.1)
+        self.on, self.initial = on, initial
+
+    def update(self, n: int) -> None:
+        self.done += n
+        if self.bar is not None:
+            self.bar.update(n)
+        elif self.on:
+            log.info("%d rows written (%d this run) at %.0f pairs/s", self.initial + self.done, self.done, self.rate)
+
+    @property
+    def rate(self) -> float:
+        return self.done / max(time.perf_counter() - self.t0, 1e-9)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
+def score_file(
+    model: RelevanceModel,
+    input: str | Path,
+    output: str | Path,
+    *,
+    query_column: str = "query",
+    title_column: str = "title",
+    prefix: str = "",
+    chunk_rows: int = 20000,
+    max_batch_tokens: int = MAX_BATCH_TOKENS,
+    resume: bool = False,
+    overwrite: bool = False,
+    skip_bad: bool = False,
+    progress: bool = True,
+    max_errors: int = 20,
+) -> dict:
+    """Score every query-title pair of INPUT into OUTPUT (same format); see the module doc. OUTPUT must not
+    exist unless `resume` (go on from what it holds) or `overwrite`. Returns a summary: rows in OUTPUT,
+    rows scored and bad rows in this run, rows kept from before, seconds and pairs/s."""
+    input, output = Path(input), Path(output)
+    kind = format_of(input)
+    if format_of(output) != kind:
+        raise ValueError(f"{output}: the output has the input's format ({kind}); give it the suffix of {input.name}")
+    if chunk_rows < 1:
+        raise ValueError(f"chunk_rows must be at least 1, got {chunk_rows}")
+    if input.resolve() == output.resolve():
+        raise ValueError(f"{output}: the output cannot be the input")
+    if not input.is_file():
+        raise DataError(f"{input}: no such file")
+    exists = output.exists() or parts_dir(output).exists()
+    if exists and not (resume or overwrite):
+        raise ValueError(f"{output} exists: pass --resume to go on from the rows it holds, or --overwrite")
+    if exists and overwrite and not resume:
+        output.unlink(missing_ok=True)
+        shutil.rmtree(parts_dir(output), ignore_errors=True)
+    source = SOURCES[kind](input, query_column, title_column)
+    sink = SINKS[kind](output, source, score_names(model.labels, prefix), resume, chunk_rows)
+    kept = sink.rows_done
+    if kept:
+        log.info("%s holds %d complete rows (to the last whole chunk): going on from row %d", output, kept, kept + 1)
+    bar = _Progress(progress, source.total, kept)
+    t0, scored, bad = time.perf_counter(), 0, 0
+    try:
+        for chunk in source.chunks(chunk_rows, skip=kept):
+            if chunk.problems and not skip_bad:
+                raise _bad_rows(input, chunk, max_errors)
+            sink.write(chunk, score_pairs(model, chunk.pairs, max_batch_tokens, prefix))
+            scored += len(chunk) - len(chunk.problems)
+            bad += len(chunk.problems)
+            if chunk.problems:
+                log.warning(
+                    "%d bad row(s) written with empty scores, first %s:%d: %s",
+                    len(chunk.problems),
+                    input,
+                    *chunk.problems[0],
+                )
+            bar.update(len(chunk))
+        sink.finish()  # Parquet joins its parts here: after an error they stay for a resume
+    finally:
+        bar.close()
+        sink.close()
+    seconds = time.perf_counter() - t0
+    return {
+        "input": str(input),
+        "output": str(output),
+        "rows": sink.rows_done,
+        "scored": scored,
+        "bad": bad,
+        "kept": kept,
+        "seconds": round(seconds, 3),
+        "pairs_per_s": round((scored + bad) / max(seconds, 1e-9), 1),
+    }

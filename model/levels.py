@@ -1,0 +1,30 @@
+"""The levels of a grade, without torch: the default 5-level scale, each level's numeric value, the
+expected level on 0..1, and the one default batch budget. Imported by the HTTP layer and the settings,
+which need these numbers but not the network."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+DEFAULT_LEVELS = ("1", "2", "3", "4", "5")  # 1 = unrelated ... 5 = fully satisfies the query
+MAX_BATCH_TOKENS = 8192  # padded tokens per forward pass: the default of the server and every command
+
+
+def level_numbers(labels: Sequence[str]) -> list[float]:
+    """Numeric value of each level for the expected-level score: the label itself when numeric, else its
+    1-based rank."""
+    try:
+        return [float(x) for x in labels]
+    except ValueError:
+        return [float(i) for i in range(1, len(labels) + 1)]
+
+
+def unit_score(expected: float, labels: Sequence[str]) -> float:
+    """The expected level mapped onto 0..1, (E - lo) / (hi - lo) over the levels' values: 1.0 is "surely
+    the top level", 0.0 "surely the lowest"; it ranks exactly as the expected level (Cohere's
+    `relevance_score`). 1.0 when the model has a single level value."""
+    values = level_numbers(labels)
+    lo, hi = min(values), max(values)
+    if hi <= lo:
+        return 1.0
+    return min(1.0, max(0.0, (expected - lo) / (hi - lo)))

@@ -1,0 +1,272 @@
+"""The graded-relevance model as a library: load, encode, score.
+
+`RelevanceModel` joins the tokenizer and the module on one device and precision. Scores are always
+float32 and defined once, in `model.scoring`: probabilities per level, the expected level
+sum_k level_k * p(k) (a single number that ranks titles for a query), and the level chosen by the
+checkpoint's level rule.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import Tensor, nn
+
+from model.bert import BertForRelevance
+from model.checkpoint import CheckpointError, load_module, save_checkpoint
+from model.config import BertConfig
+from model.device import resolve_device, resolve_dtype
+from model.kernels import onednn_available, probe, use_onednn_linears, warm_linear_shapes
+from model.levels import DEFAULT_LEVELS, MAX_BATCH_TOKENS
+from model.scoring import LevelRule, ScoredBatch, level_values, score_logits
+from model.tokenizer import EncodedPairs, PairTokenizer, Truncation
+
+__all__ = ["RelevanceModel", "PairScore", "level_values", "pad_batch", "length_batches", "new_from_encoder"]
+
+log = logging.getLogger("qtrel.model")
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "int8": None}
+
+
+@dataclass
+class PairScore:
+    probs: list[float]  # per level, in the order of `RelevanceModel.labels`
+    level: str  # label of the level chosen by the model's level rule
+    score: float  # expected level
+    tokens: int
+    truncated: bool
+
+
+def pad_batch(
+    input_ids: Sequence[Sequence[int]], token_type_ids: Sequence[Sequence[int]], pad_id: int = 0
+) -> tuple[Tensor, Tensor, Tensor]:
+    """Right-pad to the longest pair: (ids, segments, mask), each (B, T) int64."""
+    T = max(len(x) for x in input_ids)
+    B = len(input_ids)
+    ids = torch.full((B, T), pad_id, dtype=torch.long)
+    seg = torch.zeros((B, T), dtype=torch.long)
+    mask = torch.zeros((B, T), dtype=torch.long)
+    for i, (x, s) in enumerate(zip(input_ids, token_type_ids)):
+        n = len(x)
+        ids[i, :n] = torch.tensor(x)
+        seg[i, :n] = torch.tensor(s)
+        mask[i, :n] = 1
+    return ids, seg, mask
+
+
+class RelevanceModel:
+    """Tokenizer + module on one device and precision; inference only."""
+
+    def __init__(
+        self,
+        module: BertForRelevance,
+        tokenizer: PairTokenizer,
+        device: str = "cpu",
+        dtype: str = "float32",
+        name: str = "qtrel",
+        onednn: bool = False,
+        unpadded: bool = False,
+    ):
+        """`onednn`: the linear layers in oneDNN's weight layout (cpu, float32/bfloat16, where
+        `model.kernels.probe` passes); the module is then inference-only and cannot be saved or trained.
+        `unpadded`: batches run without padding (`model.packing`; cpu only, cuda keeps padded batches)."""
+        self.device = resolve_device(device)
+        dtype = resolve_dtype(dtype, self.device)  # "auto": the fastest this machine runs natively
+        if dtype not in DTYPES:
+            raise ValueError(f"dtype must be one of {list(DTYPES)} or auto, got {dtype!r}")
+        if dtype == "float16" and self.device.type == "cpu":
+            raise ValueError("float16 runs on cuda only; on cpu use bfloat16 or int8")
+        if dtype == "int8" and self.device.type != "cpu":
+            raise ValueError("int8 dynamic quantisation runs on cpu only")
+        if tokenizer.vocab_size > module.cfg.vocab_size:
+            raise CheckpointError(
+                f"tokenizer has {tokenizer.vocab_size} tokens but the model embeds only {module.cfg.vocab_size}"
+            )
+        self.cfg: BertConfig = module.cfg
+        self.tokenizer = tokenizer
+        self.dtype = dtype
+        self.name = name
+        module = module.eval()
+        if dtype == "int8":
+            module = torch.ao.quantization.quantize_dynamic(module, {nn.Linear}, dtype=torch.qint8)
+        else:
+            module = module.to(self.device, DTYPES[dtype])
+        # The oneDNN kernel layer rests on private torch ops: probed here, the plain layers where it fails.
+        self.cpu_kernels = "plain"  # what describe() reports: onednn-packed, plain, or plain (probe failed: ...)
+        torch_dtype = DTYPES[dtype]  # None for int8
+        if onednn and torch_dtype is not None and self.device.type == "cpu" and onednn_available(torch_dtype):
+            failure = probe(torch_dtype)
+            if failure is None:
+                self.cpu_kernels = "onednn-packed"
+            else:
+                self.cpu_kernels = f"plain (probe failed: {failure})"
+                log.warning("oneDNN packed linear layers off, plain nn.Linear instead: probe failed: %s", failure)
+        self.onednn = self.cpu_kernels == "onednn-packed"
+        # Without padding (model.packing.pack): measured on cpu only; cuda keeps padded batches.
+        self.unpadded = unpadded and self.device.type == "cpu"
+        if self.onednn:
+            use_onednn_linears(module)
+        self.module = module
+        self.labels = self.cfg.labels
+        self.values = level_values(self.labels)
+        try:
+            self.rule = LevelRule.from_extra(self.cfg.extra, len(self.labels))
+        except ValueError as e:
+            raise CheckpointError(f"config.json: {e}") from None
+
+    @classmethod
+    def load(
+        cls,
+        path: str | Path,
+        device: str = "cpu",
+        dtype: str = "float32",
+        max_length: int = 128,
+        onednn: bool = True,
+        unpadded: bool = True,
+    ) -> RelevanceModel:
+        """A checkpoint on a device and precision; by default on the fast path this machine has (oneDNN
+        linears where the probe passes, batches without padding on cpu)."""
+        path = Path(path)
+        module = load_module(path)
+        limit = min(max_length, module.cfg.max_position_embeddings)
+        tok = PairTokenizer.from_dir(path, max_length=limit)
+        name = str(module.cfg.extra.get("qtrel_model_id") or path.name)
+        return cls(module, tok, device=device, dtype=dtype, name=name, onednn=onednn, unpadded=unpadded)
+
+    @property
+    def max_length(self) -> int:
+        return self.tokenizer.max_length
+
+    def describe(self) -> dict:
+        """What a server reports about the loaded model (plain JSON-ready values)."""
+        return {
+            "name": self.name,
+            "labels": list(self.labels),
+            "max_length": self.max_length,
+            "device": str(self.device),
+            "dtype": self.dtype,
+            "level_rule": self.rule.name,
+            "level_cuts": None if self.rule.cuts is None else list(self.rule.cuts),
+            "cpu_kernels": self.cpu_kernels,
+        }
+
+    def warm_up(self, max_batch_tokens: int = MAX_BATCH_TOKENS) -> None:
+        """Forward passes over a spread of lengths and batch sizes, and (unpadded path) every linear layer
+        at every packed token count up to `max_batch_tokens`: first-call allocations and kernel builds
+        happen here, not on a user's request."""
+        if self.unpadded:
+            warm_linear_shapes(self.module, max_batch_tokens)
+        vocab = min(self.tokenizer.vocab_size, self.cfg.vocab_size)
+        for length in sorted({8, 32, self.max_length}):
+            for size in (1, 8):
+                ids = [[self.tokenizer.cls_id] + [1000 % vocab] * (length - 2) + [self.tokenizer.sep_id]] * size
+                self.logits(ids, [[0] * length] * size)
+
+    def save(self, path: str | Path, dtype: torch.dtype | None = None) -> None:
+        if self.dtype == "int8" or self.onednn:
+            raise ValueError("save the float model, not its oneDNN or int8 runtime form (load with onednn=False)")
+        save_checkpoint(self.module, self.tokenizer, path, dtype)
+
+    # --- scoring -------------------------------------------------------------------------------
+    @torch.inference_mode()
+    def logits(
+        self,
+        input_ids: Sequence[Sequence[int]],
+        token_type_ids: Sequence[Sequence[int]],
+        head_mask: Tensor | None = None,
+    ) -> Tensor:
+        """One forward pass over a batch of encoded pairs -> (B, levels) float32 logits on cpu."""
+        if self.unpadded:
+            return self.module.forward_packed(input_ids, token_type_ids, head_mask).float().cpu()
+        ids, seg, mask = pad_batch(input_ids, token_type_ids, self.tokenizer.pad_id)
+        dev = self.device
+        logits, _ = self.module(ids.to(dev), seg.to(dev), mask.to(dev), head_mask)
+        return logits.float().cpu()
+
+    def probs(
+        self,
+        input_ids: Sequence[Sequence[int]],
+        token_type_ids: Sequence[Sequence[int]],
+        head_mask: Tensor | None = None,
+    ) -> Tensor:
+        """(B, levels) float32 probabilities."""
+        return self.logits(input_ids, token_type_ids, head_mask).softmax(-1)
+
+    def score(self, logits: Tensor) -> ScoredBatch:
+        """(B, levels) logits -> probabilities, expected level and the rule's level (model.scoring)."""
+        return score_logits(logits, self.values, self.rule)
+
+    def encode(self, pairs: Sequence[tuple[str, str]], truncation: Truncation = "only_second") -> EncodedPairs:
+        return self.tokenizer.encode([q for q, _ in pairs], [t for _, t in pairs], truncation=truncation)
+
+    def encoded_logits(
+        self, enc: EncodedPairs, max_batch_tokens: int = MAX_BATCH_TOKENS, head_mask: Tensor | None = None
+    ) -> Tensor:
+        """(n, levels) float32 logits of encoded pairs, in their order, forwarded in length-sorted batches
+        of at most `max_batch_tokens` padded tokens."""
+        out = torch.empty(len(enc), len(self.labels))
+        for batch in length_batches(enc.lengths, max_batch_tokens):
+            out[batch] = self.logits(
+                [enc.input_ids[i] for i in batch], [enc.token_type_ids[i] for i in batch], head_mask
+            )
+        return out
+
+    def predict(
+        self,
+        pairs: Sequence[tuple[str, str]],
+        truncation: Truncation = "only_second",
+        max_batch_tokens: int = MAX_BATCH_TOKENS,
+        head_mask: Tensor | None = None,
+    ) -> list[PairScore]:
+        """Score pairs in length-sorted batches of at most `max_batch_tokens` padded tokens."""
+        enc = self.encode(pairs, truncation)
+        s = self.score(self.encoded_logits(enc, max_batch_tokens, head_mask))
+        return [
+            PairScore(p, self.labels[lv], e, n, tr)
+            for p, lv, e, n, tr in zip(
+                s.probs.tolist(), s.level.tolist(), s.expected.tolist(), enc.lengths, enc.truncated
+            )
+        ]
+
+
+def length_batches(lengths: Sequence[int], max_batch_tokens: int, max_batch_size: int = 256) -> Iterable[list[int]]:
+    """Indices grouped by length so that longest x count stays within the token budget."""
+    order = sorted(range(len(lengths)), key=lengths.__getitem__)
+    batch: list[int] = []
+    for i in order:  # ascending: the newest item is the batch's longest
+        if batch and (lengths[i] * (len(batch) + 1) > max_batch_tokens or len(batch) >= max_batch_size):
+            yield batch
+            batch = []
+        batch.append(i)
+    if batch:
+        yield batch
+
+
+def new_from_encoder(
+    path: str | Path, labels: Sequence[str] = DEFAULT_LEVELS, seed: int = 0, max_length: int = 128
+) -> tuple[BertForRelevance, PairTokenizer]:
+    """A fresh relevance model: pretrained encoder from `path`, new seeded head (and pooler if the
+    encoder has none), labelled `labels`."""
+    path = Path(path)
+    encoder = load_module(path, num_labels_fallback=True)
+    cfg = encoder.cfg.with_labels(list(labels))
+    module = BertForRelevance(cfg, with_pooler=True)
+    module.init_weights(seed)
+    src = encoder.state_dict()
+    mismatched = [
+        f"{k}: {tuple(src[k].shape)} vs {tuple(v.shape)}"
+        for k, v in module.state_dict().items()
+        if k in src and not k.startswith("classifier.") and src[k].shape != v.shape
+    ]
+    if mismatched:  # never train a tensor as if it were pretrained when it was not copied
+        raise CheckpointError(f"{path}: encoder tensors do not fit the new model: {'; '.join(mismatched)}")
+    with torch.no_grad():
+        for k, v in module.state_dict().items():
+            if k in src and not k.startswith("classifier."):
+                v.copy_(src[k])
+    tok = PairTokenizer.from_dir(path, max_length=min(max_length, cfg.max_position_embeddings))
+    return module, tok

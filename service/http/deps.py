@@ -1,0 +1,59 @@
+"""What HTTP handlers may use, as typed dependencies (the FastAPI template's `deps.py`): the engine, the
+settings and the metrics of this app, all created by the lifespan. Routes use nothing else of the service."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import Depends, Header, Request
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from pydantic import Field
+from pydantic.json_schema import SkipJsonSchema
+
+from service.errors import ErrorKind, ServiceError
+from service.metrics import Metrics
+from service.runtime.engine import Engine
+from service.settings import Settings
+
+
+# async: a sync dependency costs a thread hop per request
+async def get_engine(request: Request) -> Engine:
+    return request.state.engine
+
+
+async def get_settings(request: Request) -> Settings:
+    return request.state.settings
+
+
+async def get_metrics(request: Request) -> Metrics:
+    return request.state.metrics
+
+
+EngineDep = Annotated[Engine, Depends(get_engine)]
+SettingsDep = Annotated[Settings, Depends(get_settings)]
+MetricsDep = Annotated[Metrics, Depends(get_metrics)]
+# Optional, and never "null" in the schema: a header has no null (a fuzzer would send the text "null").
+TimeoutHeader = Annotated[
+    Annotated[int, Field(gt=0, le=3_600_000)] | SkipJsonSchema[None], Header(alias="X-Request-Timeout-Ms")
+]
+
+
+_bearer = HTTPBearer(auto_error=False, description="an API key (settings api_keys, api_keys_file)")
+
+
+async def require_api_key(
+    request: Request, credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]
+) -> None:
+    """`Authorization: Bearer <key>` with one of the keys in force (the settings' keyring, whose key file is
+    re-read when it changes); 401 otherwise. No keys: open. Each accepted request is counted under its key's
+    id, never the key. app.py applies it to every router in its protected group."""
+    ring = request.state.settings.keyring
+    ring.refresh()
+    if not ring.keys:
+        return
+    if credentials is None:
+        raise ServiceError(ErrorKind.UNAUTHORIZED, "this route needs an API key: Authorization: Bearer <key>")
+    key_id = ring.match(credentials.credentials)
+    if key_id is None:
+        raise ServiceError(ErrorKind.UNAUTHORIZED, "invalid API key")
+    request.state.metrics.key_used(key_id, ring)

@@ -1,0 +1,222 @@
+"""HTTP routes. Each handler validates, submits to the engine and shapes the response."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from typing import Any
+
+from fastapi import APIRouter, Request, Response
+from fastapi.responses import JSONResponse, PlainTextResponse
+
+from service.errors import ErrorKind, ServiceError
+from service.http.deps import EngineDep, MetricsDep, SettingsDep, TimeoutHeader
+from service.http.schemas import (
+    ErrorBody,
+    Info,
+    Prediction,
+    PredictRequest,
+    Rank,
+    RerankRequest,
+    ScoreRequest,
+    ScoreResponse,
+)
+from service.logs import keep_private
+from service.metrics import Metrics
+from service.runtime.engine import Engine, NotReady, Scored
+from service.settings import Settings
+
+router = APIRouter()  # scoring and /info: protected by an API key when keys are set (app.PROTECTED_ROUTERS)
+ops_router = APIRouter()  # health: always open (probes carry no key)
+metrics_router = APIRouter()  # /metrics: open unless protect_metrics
+ERRORS: dict[int | str, dict[str, Any]] = {
+    c: {"model": ErrorBody} for c in (400, 401, 408, 413, 422, 429, 499, 500, 503)
+}
+log = logging.getLogger("qtrel.http")
+LOGGED_TEXTS = 20  # with log_texts on, the first queries and titles of a request logged at debug
+
+
+def check_limits(s: Settings, queries: list[str], titles: list[str]) -> None:
+    """Every route calls it with the texts it takes, before anything else is done with them: the texts are
+    kept out of the logs (or, with log_texts on, logged at debug), then their limits are checked (413). The
+    schema states the same limits (service/openapi.py)."""
+    if s.log_texts:
+        if log.isEnabledFor(logging.DEBUG):
+            uniq = list(dict.fromkeys(queries))
+            log.debug(
+                "texts of %d pairs: queries %s, titles %s",
+                len(titles),
+                json.dumps(uniq[:LOGGED_TEXTS], ensure_ascii=False),
+                json.dumps(titles[:LOGGED_TEXTS], ensure_ascii=False),
+            )
+    else:
+        keep_private([*queries, *titles])
+    if len(titles) > s.max_pairs_per_request:
+        raise ServiceError(ErrorKind.TOO_LARGE, f"{len(titles)} pairs; at most {s.max_pairs_per_request} per request")
+    for what, texts in (("query", queries), ("title", titles)):
+        for i, t in enumerate(texts):
+            if len(t) > s.max_text_chars:
+                raise ServiceError(
+                    ErrorKind.TOO_LARGE, f"{what} {i} has {len(t)} characters; at most {s.max_text_chars}"
+                )
+
+
+async def score_watched(
+    request: Request, engine: Engine, settings: Settings, metrics: Metrics, queries, titles, timeout_ms, **kw
+) -> Scored:
+    """Score, dropping the work the moment the client disconnects: its queued pairs never reach the
+    model. A client already gone costs no tokenisation."""
+    check_limits(settings, queries, titles)
+    gone = asyncio.ensure_future(disconnected(request))
+    await asyncio.sleep(0)  # let it see a hang-up that came with the body
+    task = None if gone.done() else asyncio.ensure_future(engine.score(queries, titles, timeout_ms=timeout_ms, **kw))
+    try:
+        if task is not None:
+            await asyncio.wait({task, gone}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        gone.cancel()
+    if task is not None and task.done():
+        return task.result()
+    if task is not None:
+        task.cancel()
+    metrics.rejected.labels("disconnected").inc()
+    raise ServiceError(ErrorKind.CLIENT_CLOSED, "client closed the connection")
+
+
+async def disconnected(request: Request) -> None:
+    """Returns when the client hangs up: after the body, the ASGI server's next message is the disconnect."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+@router.post("/score", response_model=ScoreResponse, responses=ERRORS, tags=["scoring"])
+async def score(
+    body: ScoreRequest,
+    request: Request,
+    engine: EngineDep,
+    settings: SettingsDep,
+    metrics: MetricsDep,
+    timeout_ms: TimeoutHeader = None,
+):
+    """Grade each (query, title) pair: level, expected-level score, probabilities per level."""
+    queries, titles = body.as_pairs()
+    scored = await score_watched(
+        request, engine, settings, metrics, queries, titles, timeout_ms, truncation=body.truncation
+    )
+    labels = scored.labels
+    results = []
+    for i, (out, n, cut) in enumerate(zip(scored.outputs, scored.enc.lengths, scored.enc.truncated)):
+        r: dict[str, Any] = {
+            "index": i,
+            "level": labels[out.level],
+            "score": out.expected,
+            "tokens": n,
+            "truncated": cut,
+        }
+        if body.return_probs:
+            r["probs"] = dict(zip(labels, out.probs))
+        results.append(r)
+    if body.top_n is not None:
+        results = sorted(results, key=lambda r: -r["score"])[: body.top_n]
+    return JSONResponse({"model": scored.model, "results": results})
+
+
+@router.post(
+    "/predict",
+    response_model=list[Prediction] | list[list[Prediction]],
+    responses=ERRORS,
+    tags=["text-embeddings-inference"],
+)
+async def predict(
+    body: PredictRequest,
+    request: Request,
+    engine: EngineDep,
+    settings: SettingsDep,
+    metrics: MetricsDep,
+    timeout_ms: TimeoutHeader = None,
+):
+    """TEI-compatible: per input, every level with its probability (or logit with raw_scores), best first."""
+    queries, titles = body.as_pairs()
+    scored = await score_watched(
+        request,
+        engine,
+        settings,
+        metrics,
+        queries,
+        titles,
+        timeout_ms,
+        side=body.truncation_direction.lower(),
+        allow_truncation=bool(body.truncate),
+    )
+    labels = scored.labels
+    out = []
+    for o in scored.outputs:
+        vals = o.logits if body.raw_scores else o.probs
+        ranked = sorted(zip(vals, labels), key=lambda p: -p[0])
+        out.append([{"score": v, "label": lab} for v, lab in ranked])
+    return JSONResponse(out[0] if body.single else out)
+
+
+@router.post("/rerank", response_model=list[Rank], responses=ERRORS, tags=["text-embeddings-inference"])
+async def rerank(
+    body: RerankRequest,
+    request: Request,
+    engine: EngineDep,
+    settings: SettingsDep,
+    metrics: MetricsDep,
+    timeout_ms: TimeoutHeader = None,
+):
+    """TEI-compatible: texts ranked for the query by expected level, best first."""
+    scored = await score_watched(
+        request,
+        engine,
+        settings,
+        metrics,
+        [body.query] * len(body.texts),
+        body.texts,
+        timeout_ms,
+        side=body.truncation_direction.lower(),
+        allow_truncation=bool(body.truncate),
+    )
+    ranks = []
+    for i, o in enumerate(scored.outputs):
+        r: dict[str, Any] = {"index": i, "score": o.expected}
+        if body.return_text:
+            r["text"] = body.texts[i]
+        ranks.append(r)
+    return JSONResponse(sorted(ranks, key=lambda r: -r["score"]))
+
+
+# --- operations ----------------------------------------------------------------------------
+@ops_router.get("/health/live", tags=["operations"])
+@ops_router.get("/livez", include_in_schema=False)
+async def live(engine: EngineDep):
+    """200 while the process and its model worker are alive."""
+    ok, state = engine.liveness()
+    if not ok:
+        raise ServiceError(ErrorKind.NOT_READY, f"worker is not running ({state})")
+    return {"status": "alive"}
+
+
+@ops_router.get("/health/ready", tags=["operations"], responses={503: {"model": ErrorBody}})
+@ops_router.get("/readyz", include_in_schema=False)
+async def ready(engine: EngineDep):
+    """200 once the model is loaded and warmed up; 503 before that and while draining."""
+    ok, why = engine.readiness()
+    if not ok:
+        raise NotReady(why)
+    return {"status": "ready"}
+
+
+@metrics_router.get("/metrics", tags=["operations"], response_class=PlainTextResponse)
+async def metrics(metrics: MetricsDep):
+    from prometheus_client import CONTENT_TYPE_LATEST
+
+    return Response(metrics.render(), media_type=CONTENT_TYPE_LATEST)
+
+
+@router.get("/info", response_model=Info, responses={401: {"model": ErrorBody}}, tags=["operations"])
+async def info(engine: EngineDep):
+    """The model, its levels and limits, and the effective settings."""
+    return Info(**engine.describe())

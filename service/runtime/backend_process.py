@@ -1,0 +1,191 @@
+"""The process backend: the model lives in a child process (spawned, never forked), fed over a pipe.
+
+The server's event loop, its tokeniser thread and the forward pass then never take turns on one GIL
+(docs/design.md). Typed messages (`service.runtime.backend`) cross the pipe: token ids in, scores out, a few KB.
+
+What the process holds is explicit: `in_flight()` says which job it has had since when, so that a
+watchdog can `kill` a process stuck in one (SIGKILL works on a stopped process too). A job whose
+process died or was killed fails with `ProcessDied`, distinct from an error the model raised.
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing as mp
+import os
+import signal
+import threading
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from service.runtime import runner
+from service.runtime.backend import (
+    Backend,
+    BatchScores,
+    Encoded,
+    Error,
+    Failed,
+    Forward,
+    Health,
+    InFlight,
+    Job,
+    Loaded,
+    LoadFailed,
+    LoadSpec,
+    ProcessDied,
+    Ready,
+    Stop,
+    WarmUp,
+    raise_for,
+)
+from service.runtime.layout import quiet_gc, release_free_memory
+
+log = logging.getLogger("qtrel.worker")
+
+
+def child_main(conn, spec: LoadSpec) -> None:
+    """Entry point of the model process: load, then answer messages until Stop or until the server
+    process goes away. Lifecycle signals are the server's to handle (it drains, or reloads, first)."""
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):  # a terminal's hang-up reaches the group too
+        signal.signal(sig, signal.SIG_IGN)
+    try:
+        model = runner.load_model(spec)
+        conn.send(Loaded(model.describe()))
+    except Exception as e:
+        conn.send(Failed(f"{type(e).__name__}: {e}"))
+        return
+    while True:
+        try:
+            message = conn.recv()
+        except (EOFError, OSError):
+            return  # the server process is gone
+        if isinstance(message, Stop):
+            return
+        if isinstance(message, WarmUp):
+            try:
+                runner.warm_up(model, spec)
+                quiet_gc()
+                release_free_memory()
+                conn.send(Ready())
+            except Exception as e:
+                conn.send(Failed(f"{type(e).__name__}: {e}"))
+                return
+            continue
+        reply = runner.handle(model, spec, message)
+        try:
+            conn.send(reply)
+        except (EOFError, OSError):
+            return
+        except Exception as e:  # a result that does not pickle: this job only
+            conn.send(Error(type(e).__name__, str(e)))
+
+
+class ProcessBackend(Backend):
+    def __init__(self, spec: LoadSpec, name: str = "qtrel-model"):
+        self.spec = spec
+        self.name = name
+        self._proc: Any = None
+        self._conn: Any = None
+        self._lock = threading.Lock()  # guards the two fields below, read by the watchdog's thread
+        self._in_flight: InFlight | None = None
+        self._killed: str | None = None  # why this process was killed, if it was
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc is not None else None
+
+    def load(self) -> dict:
+        ctx = mp.get_context("spawn")  # never fork a process that already runs threads
+        parent, child = ctx.Pipe()
+        try:
+            proc = ctx.Process(target=child_main, args=(child, self.spec), name=self.name, daemon=True)
+            proc.start()
+        except Exception as e:  # e.g. no memory left to start a process
+            raise LoadFailed(f"{type(e).__name__}: {e}", crashed=True) from e
+        finally:
+            child.close()  # so that the child's death reads as EOF here
+        self._proc, self._conn = proc, parent
+        reply = self._await_start("loading")
+        if not isinstance(reply, Loaded):
+            raise LoadFailed(f"unexpected reply {type(reply).__name__} while loading")
+        return reply.info
+
+    def warm_up(self) -> None:
+        try:
+            self._conn.send(WarmUp())
+        except (OSError, ValueError) as e:
+            raise LoadFailed(f"the model process is gone ({e})", crashed=True) from e
+        reply = self._await_start("warming up")
+        if not isinstance(reply, Ready):
+            raise LoadFailed(f"unexpected reply {type(reply).__name__} while warming up")
+
+    def _await_start(self, what: str):
+        try:
+            reply = self._conn.recv()
+        except (EOFError, OSError):
+            self._proc.join(5)
+            raise LoadFailed(
+                f"the model process exited while {what} (exit code {self._proc.exitcode})", crashed=True
+            ) from None
+        if isinstance(reply, Failed):
+            self._proc.join(5)
+            raise LoadFailed(reply.reason)
+        return reply
+
+    def forward(self, batch: Sequence[Encoded]) -> BatchScores:
+        return self._call(Forward(batch), "Forward")
+
+    def job(self, name: str, args: tuple = (), kwargs: dict | None = None) -> Any:
+        return self._call(Job(name, args, kwargs or {}), f"Job:{name}")
+
+    def _call(self, message: Forward | Job, kind: str) -> Any:
+        with self._lock:
+            self._in_flight = InFlight(kind, time.monotonic(), self._proc.pid)
+        try:
+            self._conn.send(message)  # an argument that does not pickle raises here: this job only
+            reply = self._conn.recv()
+        except (EOFError, OSError):
+            self._proc.join(1)
+            raise ProcessDied(self._killed or "died", self._proc.exitcode) from None
+        finally:
+            with self._lock:
+                self._in_flight = None
+        return raise_for(reply)
+
+    def health(self) -> Health:
+        if self._proc is None:
+            return Health(False, "not started")
+        if self._proc.is_alive():
+            return Health(True)
+        return Health(False, f"exit code {self._proc.exitcode}")
+
+    def in_flight(self) -> InFlight | None:
+        with self._lock:
+            return self._in_flight
+
+    def kill(self, reason: str, expected: InFlight) -> bool:
+        with self._lock:
+            if self._in_flight is not expected:
+                return False  # that job finished meanwhile
+            self._killed = reason
+            try:
+                os.kill(expected.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        return True
+
+    def close(self) -> None:
+        proc, conn = self._proc, self._conn
+        if proc is None:
+            return
+        try:
+            if proc.is_alive():
+                conn.send(Stop())
+        except (OSError, ValueError):
+            pass
+        proc.join(10)
+        if proc.is_alive():  # stuck or stopped: SIGKILL works on both
+            proc.kill()
+            proc.join(5)
+        conn.close()

@@ -1,0 +1,50 @@
+"""The thread backend: the model lives in the server process and runs on its replica's thread.
+
+For debugging and fault-injection tests (a test can reach the model object); a forward then shares the
+GIL with the event loop (docs/design.md). The model cannot die apart from the server, nor be killed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from model.relevance import RelevanceModel
+from service.runtime import runner
+from service.runtime.backend import Backend, BatchScores, Encoded, Forward, Health, Job, LoadFailed, LoadSpec, raise_for
+
+
+class ThreadBackend(Backend):
+    def __init__(self, spec: LoadSpec):
+        self.spec = spec
+        self.model: RelevanceModel | None = None  # reachable for fault-injection tests
+
+    def load(self) -> dict:
+        try:
+            self.model = runner.load_model(self.spec)
+        except Exception as e:
+            raise LoadFailed(f"{type(e).__name__}: {e}") from e
+        return self.model.describe()
+
+    def warm_up(self) -> None:
+        try:
+            runner.warm_up(self._model(), self.spec)
+        except Exception as e:
+            raise LoadFailed(f"{type(e).__name__}: {e}") from e
+
+    def forward(self, batch: Sequence[Encoded]) -> BatchScores:
+        return raise_for(runner.handle(self._model(), self.spec, Forward(batch)))
+
+    def job(self, name: str, args: tuple = (), kwargs: dict | None = None) -> Any:
+        return raise_for(runner.handle(self._model(), self.spec, Job(name, args, kwargs or {})))
+
+    def health(self) -> Health:
+        return Health(self.model is not None, "" if self.model is not None else "not loaded")
+
+    def close(self) -> None:
+        self.model = None
+
+    def _model(self) -> RelevanceModel:
+        if self.model is None:
+            raise LoadFailed("the model is not loaded")
+        return self.model

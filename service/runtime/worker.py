@@ -1,0 +1,292 @@
+"""The worker: the one owner of the model instances.
+
+It runs `replicas` backends (`service.runtime.backend`), each driven by one replica thread that takes the next
+job from one shared queue when its model is free, so a model is never used by two callers at once. The
+event loop hands jobs over with `run` (a batch) and `job` (a named extra job, e.g. "explain") and only
+awaits. State lives in one place per part: each replica's `StateMachine`, and the worker's, which
+summarises them (loading, warming, ready, restarting, failed, stopping, stopped): ready while one
+replica is.
+
+Faults: a model process that dies -- in a job, while idle, or while loading or warming up after a
+restart -- or that the watchdog kills because it held one job longer than `batch_timeout_s` (stuck, or
+stopped), is replaced by its replica while the others keep serving, with backoff when it keeps dying
+(`RestartPolicy`); a crash loop shows in `alive()`. A batch whose process died is retried once; a batch
+that fails again, or that the model raised for, is split in halves and each half retried, so that only
+the pair that fails alone fails (a poison request) and the others get their scores. Only a checkpoint
+that cannot be loaded at start fails the worker.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures as cf
+import logging
+import queue
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from model.relevance import RelevanceModel
+from model.tokenizer import PairTokenizer
+from service.runtime.backend import (
+    Backend,
+    BackendError,
+    Encoded,
+    Forward,
+    Job,
+    LoadSpec,
+    ModelError,
+    NotReady,
+    ProcessDied,
+    State,
+    StateMachine,
+)
+from service.runtime.backend_process import ProcessBackend
+from service.runtime.backend_thread import ThreadBackend
+from service.runtime.replica import ENDING, Replica, RestartPolicy
+from service.runtime.worker_api import ModelInfo, NoObserver, PairOutput, WorkerObserver
+
+__all__ = ["ModelInfo", "PairOutput", "RestartPolicy", "Worker", "WorkerObserver"]
+
+log = logging.getLogger("qtrel.worker")
+
+
+@dataclass(eq=False)
+class Pending:
+    message: Forward | Job
+    future: cf.Future
+
+
+class Worker:
+    """Runs jobs on `replicas` model instances: child processes (`mode="process"`) or one model on a
+    thread of this process (`mode="thread"`). See the module doc."""
+
+    def __init__(
+        self,
+        spec: LoadSpec,
+        mode: str = "process",
+        replicas: int = 1,
+        observer: WorkerObserver | None = None,
+        batch_timeout_s: float | None = None,
+        restarts: RestartPolicy | None = None,
+    ):
+        if mode not in ("process", "thread"):
+            raise ValueError(f"worker mode must be 'process' or 'thread', got {mode!r}")
+        if replicas < 1 or (mode == "thread" and replicas != 1):
+            raise ValueError(f"replicas must be >= 1 (exactly 1 in thread mode), got {replicas}")
+        self.spec = spec
+        self.mode = mode
+        self.batch_timeout_s = batch_timeout_s if mode == "process" else None  # a thread cannot be killed
+        self.info: ModelInfo | None = None
+        self.restarts = 0
+        self._obs: WorkerObserver = observer or NoObserver()
+        self._jobs: queue.Queue[Pending | None] = queue.Queue()
+        self._lock = threading.RLock()  # the summary state, info, restarts; submitting against failing
+        self._machine = StateMachine(on_change=self._changed)
+
+        policy = restarts or RestartPolicy()
+
+        def make_backend(index: int) -> Backend:
+            return ThreadBackend(spec) if mode == "thread" else ProcessBackend(spec, f"qtrel-model-{index}")
+
+        self._replicas = [
+            Replica(i, make_backend, self._jobs, self._replica_changed, self._loaded, self._restarted, policy)
+            for i in range(replicas)
+        ]
+        self._watchdog = (
+            threading.Thread(target=self._watch, name="qtrel-watchdog", daemon=True) if self.batch_timeout_s else None
+        )
+
+    # --- what others may read -----------------------------------------------------------------
+    @property
+    def state(self) -> State:
+        return self._machine.state
+
+    @property
+    def error(self) -> str | None:
+        return next((r.error for r in self._replicas if r.error), None)
+
+    @property
+    def size(self) -> int:
+        return len(self._replicas)
+
+    @property
+    def pids(self) -> list[int]:
+        return [pid for r in self._replicas if r.backend is not None and (pid := r.backend.pid) is not None]
+
+    @property
+    def model(self) -> RelevanceModel | None:
+        """The model object in thread mode (for fault-injection tests); None in process mode."""
+        b = self._replicas[0].backend
+        return b.model if isinstance(b, ThreadBackend) else None
+
+    def alive(self) -> bool:
+        """Liveness: a replica thread runs (or the model still loads) and no model process is in a crash loop."""
+        if any(r.crash_looping for r in self._replicas):
+            return False
+        return any(r.thread.is_alive() for r in self._replicas) or self.state == State.LOADING
+
+    def crash_loops(self) -> list[int]:
+        """The replicas whose model process restarted `crash_loop` times within the policy's window."""
+        return [r.index for r in self._replicas if r.crash_looping]
+
+    def describe(self) -> dict:
+        return {
+            "mode": self.mode,
+            "replicas": self.size,
+            "threads": self.spec.threads,
+            "restarts": self.restarts,
+            "replica_states": [r.state.value for r in self._replicas],
+            "pids": self.pids,
+            "batch_timeout_s": self.batch_timeout_s,
+        }
+
+    # --- lifecycle ----------------------------------------------------------------------------
+    def start(self) -> None:
+        for r in self._replicas:
+            r.thread.start()
+        if self._watchdog:
+            self._watchdog.start()
+
+    async def wait_ready(self) -> None:
+        await asyncio.to_thread(self._machine.wait_for, {State.READY, State.FAILED, *ENDING})
+
+    def stop(self) -> None:
+        with self._lock:
+            self._machine.advance(State.STOPPING)
+        for r in self._replicas:
+            r.request_stop()
+        self._jobs.put(None)
+        for t in [r.thread for r in self._replicas] + ([self._watchdog] if self._watchdog else []):
+            if t.is_alive():
+                t.join(timeout=15)
+        for r in self._replicas:
+            r.close()
+        self._fail_queued("stopped")
+        self._machine.advance(State.STOPPED)
+
+    # --- jobs ---------------------------------------------------------------------------------
+    def _submit(self, message: Forward | Job) -> cf.Future:
+        # Jobs are taken while a crashed model process restarts: they wait for a live one.
+        with self._lock:
+            if self.state not in (State.READY, State.RESTARTING):
+                raise NotReady(self.state.value)
+            fut: cf.Future = cf.Future()
+            self._jobs.put(Pending(message, fut))
+        return fut
+
+    async def run(self, batch: Sequence[Encoded]) -> list[PairOutput | BackendError]:
+        """Forward one batch on a model: one entry per pair, its scores, or the error of a pair that failed
+        alone. A batch whose process died is retried once; one that fails again, or that the model raised
+        for, is split in halves and each is tried once more, down to the single pair that fails."""
+        return await self._isolating(list(batch), retry=True)
+
+    async def _isolating(self, batch: list[Encoded], retry: bool) -> list[PairOutput | BackendError]:
+        failure: ProcessDied | ModelError
+        try:
+            scores = await asyncio.wrap_future(self._submit(Forward(batch)))
+        except ProcessDied as e:
+            if retry:
+                self._obs.batch_retried()
+                log.warning("retrying a batch of %d pairs: %s", len(batch), e)
+                return await self._isolating(batch, retry=False)
+            failure = e
+        except ModelError as e:
+            failure = e
+        except Exception:  # not ready, stopping: nothing to isolate
+            self._obs.batch_failed("error")
+            raise
+        else:
+            self._obs.forwarded(scores.seconds)
+            return [PairOutput(*row) for row in zip(scores.logits, scores.probs, scores.level, scores.expected)]
+        reason = "process_died" if isinstance(failure, ProcessDied) else "error"
+        if len(batch) == 1:
+            self._obs.batch_failed(reason)
+            return [failure]
+        self._obs.batch_split(reason)
+        log.warning("splitting a failed batch of %d pairs to isolate the failing pair: %s", len(batch), failure)
+        mid = len(batch) // 2
+        left, right = await asyncio.gather(self._isolating(batch[:mid], False), self._isolating(batch[mid:], False))
+        return left + right
+
+    async def job(self, name: str, *args: Any, **kwargs: Any) -> Any:
+        """The named job `name` (service.runtime.runner.JOBS, or the spec's jobs) run on a model between batches;
+        arguments and result must pickle."""
+        return await asyncio.wrap_future(self._submit(Job(name, args, kwargs)))
+
+    # --- the replicas' callbacks and the watchdog ---------------------------------------------
+    def _summary(self) -> State:
+        current = self._machine.state
+        if current in ENDING:
+            return current
+        states = [r.state for r in self._replicas]
+        if State.FAILED in states:  # only at the first start: the checkpoint cannot be loaded
+            return State.FAILED
+        serving = current in (State.READY, State.RESTARTING)
+        if serving or all(s in (State.READY, State.RESTARTING) for s in states):
+            if State.READY in states:  # ready while one model process is
+                return State.READY
+            if serving:
+                return State.RESTARTING
+        return State.LOADING if State.LOADING in states else State.WARMING
+
+    def _replica_changed(self) -> None:
+        with self._lock:
+            self._machine.advance(self._summary())
+
+    def _changed(self, old: State, new: State) -> None:
+        if new == State.FAILED:
+            log.error("model failed to load: %s", self.error)
+            self._fail_queued(self.error or "failed")
+
+    def _fail_queued(self, why: str) -> None:
+        """Fail every job still queued: no model will serve it."""
+        while True:
+            try:
+                item = self._jobs.get_nowait()
+            except queue.Empty:
+                return
+            if item is None:
+                self._jobs.put(None)
+                return
+            if item.future.set_running_or_notify_cancel():
+                item.future.set_exception(NotReady(why))
+
+    def _loaded(self, described: dict) -> None:
+        with self._lock:
+            if self.info is None:
+                tok = PairTokenizer.from_dir(Path(self.spec.model_dir), max_length=described["max_length"])
+                self.info = ModelInfo.of(described, tok)
+
+    def _restarted(self, reason: str) -> None:
+        with self._lock:
+            self.restarts += 1
+        self._obs.restarted(reason)
+
+    def _watch(self) -> None:
+        """Kill a model process that has held one job longer than batch_timeout_s; its replica then
+        restarts it, as after a crash."""
+        assert self.batch_timeout_s
+        limit = self.batch_timeout_s
+        while self._machine.wait_for(ENDING, min(0.25, limit / 4)) not in ENDING:
+            now = time.monotonic()
+            for r in self._replicas:
+                backend = r.backend
+                held = backend.in_flight() if backend is not None else None
+                if (
+                    held is not None
+                    and now - held.since > limit
+                    and backend is not None
+                    and backend.kill("timeout", held)
+                ):
+                    log.error(
+                        "model process %d (pid %d) held %s for %.1fs, over batch_timeout_s=%gs: killed",
+                        r.index,
+                        held.pid,
+                        held.kind,
+                        now - held.since,
+                        limit,
+                    )

@@ -1,0 +1,34 @@
+"""Named jobs for the worker tests: a spec lists them as ("name", "tests.service.runtime.jobs:function"), so that
+a model process imports them by name (a job never travels as a pickled callable)."""
+
+from __future__ import annotations
+
+import os
+import time
+
+TEST_JOBS = (
+    ("labels_of", "tests.service.runtime.jobs:labels_of"),
+    ("raise_value_error", "tests.service.runtime.jobs:raise_value_error"),
+    ("sleep_on_model", "tests.service.runtime.jobs:sleep_on_model"),
+)
+
+
+def labels_of(model):
+    return model.labels
+
+
+def raise_value_error(model, message):
+    raise ValueError(message)
+
+
+def sleep_on_model(model, seconds):
+    time.sleep(seconds)
+
+
+POISON = 7  # a token id no text encodes to ([unused6] in the MiniLM vocabulary)
+
+
+def die_on_poison(model, batch):
+    """Fault hook: a batch holding the POISON token id kills its model process, every time."""
+    if any(POISON in ids for ids, _ in batch):
+        os._exit(3)

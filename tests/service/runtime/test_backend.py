@@ -1,0 +1,168 @@
+"""The backend contract: the state machine, the messages, the model side (runner) and both backends on
+the real tiny checkpoint."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import pickle
+import signal
+import threading
+import time
+
+import pytest
+import torch
+
+from model.explain import explain_pair
+from model.relevance import RelevanceModel
+from service.runtime import runner
+from service.runtime.backend import (
+    TRANSITIONS,
+    BatchScores,
+    Error,
+    Forward,
+    IllegalTransition,
+    Job,
+    Loaded,
+    LoadFailed,
+    LoadSpec,
+    ModelError,
+    ProcessDied,
+    Result,
+    State,
+    StateMachine,
+)
+from service.runtime.backend_process import ProcessBackend
+from service.runtime.backend_thread import ThreadBackend
+from tests.service.runtime.jobs import TEST_JOBS
+
+
+# --- the state machine --------------------------------------------------------------------------
+def test_every_state_has_its_transitions_and_stopped_is_final():
+    assert set(TRANSITIONS) == set(State)
+    assert TRANSITIONS[State.STOPPED] == frozenset()
+    for state, targets in TRANSITIONS.items():
+        assert state not in targets
+        if state != State.STOPPED:
+            assert State.STOPPING in targets or State.STOPPED in targets, state
+
+
+def test_state_machine_follows_the_table_and_reports_changes():
+    seen = []
+    m = StateMachine(on_change=lambda old, new: seen.append((old, new)))
+    assert m.state == State.LOADING
+    assert m.advance(State.WARMING) and m.advance(State.READY) and m.advance(State.RESTARTING)
+    assert m.advance(State.READY)
+    assert not m.advance(State.READY)  # no change, no report
+    with pytest.raises(IllegalTransition, match="ready -> loading"):
+        m.advance(State.LOADING)
+    assert seen == [
+        (State.LOADING, State.WARMING),
+        (State.WARMING, State.READY),
+        (State.READY, State.RESTARTING),
+        (State.RESTARTING, State.READY),
+    ]
+
+
+def test_stopping_wins_every_race():
+    m = StateMachine()
+    assert m.advance(State.STOPPING) and m.ending
+    assert m.advance(State.READY) is False  # e.g. a restart that finished after stop began
+    assert m.state == State.STOPPING
+    assert m.advance(State.STOPPED) and m.advance(State.FAILED) is False
+
+
+def test_wait_for_returns_when_the_state_arrives_or_the_timeout_passes():
+    m = StateMachine()
+    assert m.wait_for({State.READY}, timeout=0.05) == State.LOADING
+    threading.Timer(0.1, lambda: m.advance(State.READY)).start()
+    t0 = time.monotonic()
+    assert m.wait_for({State.READY, State.FAILED}, timeout=10) == State.READY
+    assert time.monotonic() - t0 < 5
+
+
+# --- messages -----------------------------------------------------------------------------------
+def test_messages_are_frozen_and_pickle():
+    for message in (
+        Forward([([101, 102], [0, 0])]),
+        Job("explain", ("q", "t"), {"top_heads": 3}),
+        Loaded({"name": "x"}),
+        Result([1.0]),
+        Error("ValueError", "boom"),
+    ):
+        assert pickle.loads(pickle.dumps(message)) == message
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            message.__setattr__(dataclasses.fields(message)[0].name, None)
+
+
+# --- the model side -----------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def model(tiny_checkpoint):
+    return RelevanceModel.load(tiny_checkpoint)
+
+
+def test_forward_is_the_models_one_scoring_call(model, tiny_checkpoint):
+    enc = model.tokenizer.encode(["drill", "drill"], ["cordless drill", "deck stain"])
+    reply = runner.handle(model, LoadSpec(str(tiny_checkpoint)), Forward(list(zip(enc.input_ids, enc.token_type_ids))))
+    assert isinstance(reply, Result) and isinstance(reply.value, BatchScores)
+    want = model.score(model.logits(enc.input_ids, enc.token_type_ids))
+    assert torch.allclose(torch.tensor(reply.value.probs), want.probs)
+    assert reply.value.level == want.level.tolist() and reply.value.expected == pytest.approx(want.expected.tolist())
+
+
+def test_jobs_are_looked_up_by_name(model, tiny_checkpoint):
+    spec = LoadSpec(str(tiny_checkpoint), jobs=TEST_JOBS)
+    assert runner.resolve_job(spec, "explain") is explain_pair
+    assert runner.handle(model, spec, Job("labels_of")) == Result(["1", "2", "3", "4", "5"])
+    assert runner.handle(model, spec, Job("raise_value_error", ("boom",))) == Error("ValueError", "boom")
+    unknown = runner.handle(model, LoadSpec(str(tiny_checkpoint)), Job("labels_of"))
+    assert isinstance(unknown, Error) and unknown.type == "KeyError" and "labels_of" in unknown.message
+
+
+# --- the two backends ---------------------------------------------------------------------------
+def test_thread_backend_keeps_the_contract(tiny_checkpoint, tmp_path):
+    b = ThreadBackend(LoadSpec(str(tiny_checkpoint), warmup=False))
+    assert not b.health().alive
+    described = b.load()
+    b.warm_up()
+    assert described["labels"] == ["1", "2", "3", "4", "5"] and b.health().alive
+    assert b.pid is None and b.in_flight() is None
+    out = b.job("explain", ("cordless drill", "DEWALT cordless drill"), {"top_heads": 2})
+    assert len(out["term_matching_heads"]) <= 2
+    with pytest.raises(ModelError, match="IndexError"):
+        b.forward([([101, 10**6, 102], [0, 0, 0])])
+    b.close()
+    with pytest.raises(LoadFailed, match="config.json"):
+        ThreadBackend(LoadSpec(str(tmp_path))).load()
+
+
+def test_process_backend_holds_one_job_in_flight_and_can_be_killed_in_it(tiny_checkpoint):
+    b = ProcessBackend(LoadSpec(str(tiny_checkpoint), warmup=False, jobs=TEST_JOBS))
+    try:
+        assert b.load()["name"] == "tiny-bert"
+        b.warm_up()
+        assert b.health().alive and b.pid != os.getpid() and b.in_flight() is None
+        errors = []
+        t = threading.Thread(target=lambda: _catch(errors, b.job, "sleep_on_model", (30,)))
+        t.start()
+        deadline = time.monotonic() + 10
+        while b.in_flight() is None and time.monotonic() < deadline:
+            time.sleep(0.01)
+        held = b.in_flight()
+        assert held is not None and held.kind == "Job:sleep_on_model" and held.pid == b.pid
+        stale = dataclasses.replace(held)  # equal, but not the job the process holds
+        assert b.kill("timeout", stale) is False
+        assert b.kill("timeout", held) is True
+        t.join(10)
+        assert isinstance(errors[0], ProcessDied) and errors[0].reason == "timeout" and "watchdog" in str(errors[0])
+        assert errors[0].exit_code == -signal.SIGKILL
+        assert b.in_flight() is None and not b.health().alive
+    finally:
+        b.close()
+
+
+def _catch(errors, fn, *args):
+    try:
+        fn(*args)
+    except Exception as e:
+        errors.append(e)
