@@ -28,7 +28,7 @@ from torch import Tensor
 
 from model.bert import BertForRelevance
 from model.checkpoint import has_head, load_module, save_checkpoint
-from model.data import Dataset, read_labelled
+from model.data import Dataset, Example, read_labelled
 from model.levels import DEFAULT_LEVELS
 from model.relevance import RelevanceModel, level_values, new_from_encoder, pad_batch
 from model.tokenizer import PairTokenizer
@@ -155,46 +155,19 @@ class TrainState(TypedDict):
     losses: NotRequired[list[float]]  # the loss of every step
 
 
-def train(args: TrainArgs) -> dict:
+def check_args(args: TrainArgs) -> None:
     if args.select not in SELECT:
         raise ValueError(f"--select must be one of {sorted(SELECT)}")
     if args.negatives < 0 or args.mse_weight < 0 or not 0 <= args.label_smoothing < 1:
         raise ValueError("--negatives and --mse-weight must be >= 0, --label-smoothing in [0, 1)")
     if args.autocast not in AUTOCAST or not 0 <= args.hard_negatives <= 1:
         raise ValueError(f"--autocast must be one of {sorted(AUTOCAST)}, --hard-negatives in [0, 1]")
-    cast = AUTOCAST[args.autocast]
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    out = Path(args.output_dir)
-    last = out / "last"
-    resume = (last / "trainer_state.pt").is_file()
-    random.seed(args.seed)
-    torch.manual_seed(args.seed)
 
-    train_ds = read_labelled(args.train_file, args.labels, args.label_column, args.label_map)
-    dev_ds = read_labelled(args.dev_file, args.labels, args.label_column, args.label_map) if args.dev_file else None
-    log.info(
-        "train rows used: %d from %s%s", len(train_ds), args.train_file, f"; dev rows: {len(dev_ds)}" if dev_ds else ""
-    )
 
-    if resume:
-        module = load_module(last)
-        tok = PairTokenizer.from_dir(last, max_length=args.max_length)
-        how = "resume"
-    else:
-        module, tok, how = _build(args)
-    device = torch.device(args.device)
-    module.to(device).train()
-
-    n_epoch = len(epoch_data(train_ds, args, 0))  # the same count every epoch
-    steps_per_epoch = math.ceil(n_epoch / args.batch_size)
-    values = level_values(module.cfg.labels).to(device)
-    dev_neg = with_negatives(dev_ds, args.dev_negatives, seed=args.seed).examples[len(dev_ds) :] if dev_ds else []
-    total = math.ceil(args.epochs * steps_per_epoch)
-    if args.max_steps:
-        total = min(total, args.max_steps)
-    warmup = int(args.warmup_ratio * total)
-
+def optimizer(
+    module: BertForRelevance, args: TrainArgs, total: int, warmup: int
+) -> tuple[torch.optim.AdamW, torch.optim.lr_scheduler.LambdaLR]:
+    """AdamW without weight decay on biases and norms; linear warm-up, then linear decay to 0."""
     no_decay = ("bias", "norm")
     groups = [
         {
@@ -207,52 +180,54 @@ def train(args: TrainArgs) -> dict:
     sched = torch.optim.lr_scheduler.LambdaLR(
         opt, lambda s: s / max(1, warmup) if s < warmup else max(0.0, (total - s) / max(1, total - warmup))
     )
-    state: TrainState = {"step": 0, "best": None, "history": []}
-    if resume:
-        saved = torch.load(last / "trainer_state.pt", map_location="cpu", weights_only=True)
-        opt.load_state_dict(saved["optimizer"])
-        sched.load_state_dict(saved["scheduler"])
-        state = saved["state"]
+    return opt, sched
+
+
+class Run:
+    """One training run's model, optimiser and state, with what it saves: the resume snapshot (`last/`),
+    the best checkpoint by dev `select`, and (with keep_evals) a checkpoint per evaluation."""
+
+    def __init__(self, args: TrainArgs, module, tok, opt, sched, dev_ds: Dataset | None, dev_neg: list[Example]):
+        self.args, self.module, self.tok, self.opt, self.sched = args, module, tok, opt, sched
+        self.dev_ds, self.dev_neg = dev_ds, dev_neg
+        self.out = Path(args.output_dir)
+        self.last = self.out / "last"
+        self.state: TrainState = {"step": 0, "best": None, "history": []}
+
+    def resume(self) -> None:
+        saved = torch.load(self.last / "trainer_state.pt", map_location="cpu", weights_only=True)
+        self.opt.load_state_dict(saved["optimizer"])
+        self.sched.load_state_dict(saved["scheduler"])
+        self.state = saved["state"]
         torch.set_rng_state(saved["torch_rng"])
-        log.info("resuming at step %d of %d", state["step"], total)
-    log.info("model: %s (%s); %d steps (%d per epoch), warm-up %d", args.base, how, total, steps_per_epoch, warmup)
 
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "training_args.json").write_text(json.dumps(asdict(args), indent=2) + "\n")
-    bar = None
-    if args.progress:
-        from tqdm import tqdm
-
-        bar = tqdm(total=total, initial=state["step"], unit="step", dynamic_ncols=True)
-    eval_every = args.eval_every or steps_per_epoch
-    t0, seen, ema = time.perf_counter(), 0, None
-
-    def snapshot() -> None:
-        save_checkpoint(module, tok, last)
+    def snapshot(self) -> None:
+        save_checkpoint(self.module, self.tok, self.last)
         torch.save(
             {
-                "optimizer": opt.state_dict(),
-                "scheduler": sched.state_dict(),
-                "state": state,
+                "optimizer": self.opt.state_dict(),
+                "scheduler": self.sched.state_dict(),
+                "state": self.state,
                 "torch_rng": torch.get_rng_state(),
             },
-            last / "trainer_state.pt",
+            self.last / "trainer_state.pt",
         )
 
-    def run_eval() -> None:
-        if dev_ds is None:
-            save_checkpoint(module, tok, out)
+    def evaluate(self) -> None:
+        args, state, module, tok = self.args, self.state, self.module, self.tok
+        if self.dev_ds is None:
+            save_checkpoint(module, tok, self.out)
             return
         module.eval()
         model = RelevanceModel(module, tok, device=args.device)
-        judged = score_dataset(model, dev_ds.examples)  # scored once, for both reports
-        m = metrics_of(dev_ds, judged)
-        if dev_neg:
-            neg = negatives_report(dev_ds, judged, dev_neg, score_dataset(model, dev_neg))
+        judged = score_dataset(model, self.dev_ds.examples)  # scored once, for both reports
+        m = metrics_of(self.dev_ds, judged)
+        if self.dev_neg:
+            neg = negatives_report(self.dev_ds, judged, self.dev_neg, score_dataset(model, self.dev_neg))
             m.update({f"neg_{k}": v for k, v in neg.items()})
         module.train()
         if args.keep_evals:
-            save_checkpoint(module, tok, out / f"step-{state['step']}")
+            save_checkpoint(module, tok, self.out / f"step-{state['step']}")
         value = m[args.select]
         better = state["best"] is None or (value > state["best"] if SELECT[args.select] else value < state["best"])
         state["history"].append({"step": state["step"], **{k: v for k, v in m.items() if isinstance(v, float)}})
@@ -265,10 +240,59 @@ def train(args: TrainArgs) -> dict:
         )
         if better:
             state["best"] = value
-            save_checkpoint(module, tok, out)
-            (out / "dev_metrics.json").write_text(json.dumps({"step": state["step"], **m}, indent=2) + "\n")
+            save_checkpoint(module, tok, self.out)
+            (self.out / "dev_metrics.json").write_text(json.dumps({"step": state["step"], **m}, indent=2) + "\n")
 
-    stop = False
+    def step(self, ids: Tensor, seg: Tensor, mask: Tensor, labels: Tensor, values: Tensor) -> float:
+        """One optimiser step on one batch; its loss."""
+        device, cast = values.device, AUTOCAST[self.args.autocast]
+        with torch.autocast(device.type, dtype=cast, enabled=cast is not None):
+            logits, _ = self.module(ids.to(device), seg.to(device), mask.to(device))
+        loss = loss_fn(logits, labels.to(device), values, self.args)
+        self.opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(self.module.parameters(), self.args.max_grad_norm)
+        self.opt.step()
+        self.sched.step()
+        self.state["step"] += 1
+        self.state.setdefault("losses", []).append(round(loss.item(), 5))
+        return loss.item()
+
+
+def train(args: TrainArgs) -> dict:
+    check_args(args)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    resume = (Path(args.output_dir) / "last" / "trainer_state.pt").is_file()
+    random.seed(args.seed)
+    torch.manual_seed(args.seed)
+    train_ds = read_labelled(args.train_file, args.labels, args.label_column, args.label_map)
+    dev_ds = read_labelled(args.dev_file, args.labels, args.label_column, args.label_map) if args.dev_file else None
+    log.info(
+        "train rows used: %d from %s%s", len(train_ds), args.train_file, f"; dev rows: {len(dev_ds)}" if dev_ds else ""
+    )
+    if resume:
+        last = Path(args.output_dir) / "last"
+        module, tok, how = load_module(last), PairTokenizer.from_dir(last, max_length=args.max_length), "resume"
+    else:
+        module, tok, how = _build(args)
+    device = torch.device(args.device)
+    module.to(device).train()
+    steps_per_epoch = math.ceil(len(epoch_data(train_ds, args, 0)) / args.batch_size)  # the same every epoch
+    total = math.ceil(args.epochs * steps_per_epoch)
+    total = min(total, args.max_steps) if args.max_steps else total
+    warmup = int(args.warmup_ratio * total)
+    dev_neg = with_negatives(dev_ds, args.dev_negatives, seed=args.seed).examples[len(dev_ds) :] if dev_ds else []
+    run = Run(args, module, tok, *optimizer(module, args, total, warmup), dev_ds, dev_neg)
+    if resume:
+        run.resume()
+        log.info("resuming at step %d of %d", run.state["step"], total)
+    log.info("model: %s (%s); %d steps (%d per epoch), warm-up %d", args.base, how, total, steps_per_epoch, warmup)
+    run.out.mkdir(parents=True, exist_ok=True)
+    (run.out / "training_args.json").write_text(json.dumps(asdict(args), indent=2) + "\n")
+    progress = Progress(total, run.state["step"], steps_per_epoch) if args.progress else None
+    values = level_values(module.cfg.labels).to(device)
+    eval_every, state, t0, stop = args.eval_every or steps_per_epoch, run.state, time.perf_counter(), False
     while state["step"] < total and not stop:
         epoch = state["step"] // steps_per_epoch
         ds = epoch_data(train_ds, args, epoch)
@@ -276,32 +300,14 @@ def train(args: TrainArgs) -> dict:
         labels = torch.tensor(ds.labels)
         batches = length_sorted_batches(enc.lengths, args.batch_size, random.Random(args.seed + epoch))
         for idx in batches[state["step"] % steps_per_epoch :]:
-            ids, seg, mask = pad_batch(
-                [enc.input_ids[i] for i in idx], [enc.token_type_ids[i] for i in idx], tok.pad_id
-            )
-            with torch.autocast(device.type, dtype=cast, enabled=cast is not None):
-                logits, _ = module(ids.to(device), seg.to(device), mask.to(device))
-            loss = loss_fn(logits, labels[idx].to(device), values, args)
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(module.parameters(), args.max_grad_norm)
-            opt.step()
-            sched.step()
-            state["step"] += 1
-            seen += len(idx)
-            ema = loss.item() if ema is None else 0.98 * ema + 0.02 * loss.item()
-            state.setdefault("losses", []).append(round(loss.item(), 5))
-            if bar is not None:
-                bar.update(1)
-                bar.set_postfix(
-                    loss=f"{ema:.4f}",
-                    pairs_s=f"{seen / (time.perf_counter() - t0):.0f}",
-                    epoch=f"{state['step'] / steps_per_epoch:.2f}",
-                )
+            batch = pad_batch([enc.input_ids[i] for i in idx], [enc.token_type_ids[i] for i in idx], tok.pad_id)
+            loss = run.step(*batch, labels[idx], values)
+            if progress is not None:
+                progress.update(loss, len(idx), state["step"])
             if state["step"] % eval_every == 0 or state["step"] == total:
-                run_eval()
+                run.evaluate()
             if state["step"] % args.save_every == 0 or state["step"] == total:
-                snapshot()
+                run.snapshot()
             if args.patience and state.get("stale", 0) >= args.patience:
                 log.info(
                     "early stop at step %d: %d evaluations without a better %s",
@@ -309,12 +315,12 @@ def train(args: TrainArgs) -> dict:
                     args.patience,
                     args.select,
                 )
-                snapshot()
+                run.snapshot()
                 stop = True
             if state["step"] >= total or stop:
                 break
-    if bar is not None:
-        bar.close()
+    if progress is not None:
+        progress.close()
     summary = {
         "steps": state["step"],
         "train_rows": len(train_ds),
@@ -323,5 +329,29 @@ def train(args: TrainArgs) -> dict:
         "history": state["history"],
         "seconds": time.perf_counter() - t0,
     }
-    (out / "train_summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    (run.out / "train_summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     return {**summary, "losses": state["losses"]}
+
+
+class Progress:
+    """A tqdm bar of steps with the loss (moving average), pairs/s and the epoch."""
+
+    def __init__(self, total: int, initial: int, steps_per_epoch: int):
+        from tqdm import tqdm
+
+        self.bar = tqdm(total=total, initial=initial, unit="step", dynamic_ncols=True)
+        self.steps_per_epoch, self.seen, self.t0 = steps_per_epoch, 0, time.perf_counter()
+        self.ema: float | None = None
+
+    def update(self, loss: float, pairs: int, step: int) -> None:
+        self.seen += pairs
+        self.ema = loss if self.ema is None else 0.98 * self.ema + 0.02 * loss
+        self.bar.update(1)
+        self.bar.set_postfix(
+            loss=f"{self.ema:.4f}",
+            pairs_s=f"{self.seen / (time.perf_counter() - self.t0):.0f}",
+            epoch=f"{step / self.steps_per_epoch:.2f}",
+        )
+
+    def close(self) -> None:
+        self.bar.close()
