@@ -31,7 +31,8 @@ PAIRS = [("cordless drill", "DEWALT 20V MAX Cordless Drill"), ("garden hose", "5
 def test_score_writes_the_scores_and_resumes(tiny_checkpoint, tmp_path, capsys):
     src, out = _write(tmp_path / "in.csv", PAIRS), tmp_path / "out.csv"
     args = ["score", src, "--out", out, "--model", tiny_checkpoint, "--query-column", "search", "--title-column",
-            "product", "--prefix", "pred_", "--chunk-rows", "4", "--threads", "1", "--no-progress"]  # fmt: skip
+            "product", "--prefix", "pred_", "--chunk-rows", "4", "--threads", "1", "--no-progress",
+            "--dtype", "float32"]  # fmt: skip
     rc, stdout, err = _run(capsys, *args)
     assert rc == 0, err
     summary = json.loads(stdout)
@@ -76,3 +77,23 @@ def test_score_reports_bad_rows_and_options(tiny_checkpoint, tmp_path, capsys):
     assert rc == 2 and "no column 'query'" in err and "--query-column" in err
     rc, _, err = _run(capsys, "score", src, "--out", tmp_path / "x.csv", "--model", "builtin:nope")
     assert rc == 2 and "no built-in model 'nope'" in err
+
+
+def test_score_and_eval_take_the_servers_auto_dtype(tiny_checkpoint):
+    """Without --dtype, `qtrel score` and `qtrel eval` run in the precision `qtrel serve` picks for this
+    machine (bfloat16 where the CPU has AVX512-BF16 or AMX, float32 elsewhere)."""
+    import argparse
+
+    import torch
+
+    from model.bulk.cli import add_score
+    from model.device import resolve_dtype
+    from model.train.cli import add_eval
+
+    sub = argparse.ArgumentParser().add_subparsers(dest="command")
+    add_score(sub)
+    add_eval(sub)
+    parser = sub._name_parser_map  # the sub-parsers by command name
+    assert parser["score"].parse_args(["in.csv", "--out", "o.csv"]).dtype == "auto"
+    assert parser["eval"].parse_args(["m", "dev.csv"]).dtype == "auto"
+    assert RelevanceModel.load(tiny_checkpoint, dtype="auto").dtype == resolve_dtype("auto", torch.device("cpu"))

@@ -46,7 +46,9 @@ def test_ray_csv_equals_the_single_machine_command(local_ray, tiny_checkpoint, t
     rows = make_rows(60)
     src = write_csv(tmp_path / "in.csv", rows)
     score_file(RelevanceModel.load(tiny_checkpoint), src, tmp_path / "ref.csv", chunk_rows=16, progress=False)
-    summary = score_dataset_ray(src, tmp_path / "out", tiny_checkpoint, num_actors=2, num_cpus=0.5, batch_size=16)
+    summary = score_dataset_ray(
+        src, tmp_path / "out", tiny_checkpoint, num_actors=2, num_cpus=0.5, batch_size=16, dtype="float32"
+    )
     assert summary["files"] >= 1
     got = []
     for part in sorted((tmp_path / "out").glob("*.csv")):
@@ -63,7 +65,14 @@ def test_ray_jsonl_in_order(local_ray, tiny_checkpoint, tmp_path):
     src = write_jsonl(tmp_path / "in.jsonl", rows)
     score_file(RelevanceModel.load(tiny_checkpoint), src, tmp_path / "ref.jsonl", progress=False)
     score_dataset_ray(
-        src, tmp_path / "out", tiny_checkpoint, num_actors=2, num_cpus=0.5, batch_size=8, preserve_order=True
+        src,
+        tmp_path / "out",
+        tiny_checkpoint,
+        num_actors=2,
+        num_cpus=0.5,
+        batch_size=8,
+        preserve_order=True,
+        dtype="float32",
     )
     got = [json.loads(line) for p in sorted((tmp_path / "out").glob("*.json*")) for line in p.open(encoding="utf-8")]
     ref = [json.loads(line) for line in (tmp_path / "ref.jsonl").open(encoding="utf-8")]
