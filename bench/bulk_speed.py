@@ -23,8 +23,10 @@ import torch
 from results import DEV, command_line, machine, machine_lines, output_paths, update_section, write_json
 
 from model.bulk.io import CsvSink, CsvSource, Scores
-from model.bulk.score import score_file, score_pairs
+from model.bulk.score import ScoreOptions, score_file, score_pairs
 from model.relevance import RelevanceModel
+
+OPTIONS = ScoreOptions(prefix="pred_", overwrite=True)
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -52,7 +54,7 @@ def main() -> int:
         out = Path(tmp) / "out.csv"
 
         def bulk(chunk: int):
-            return lambda: score_file(model, src, out, prefix="pred_", chunk_rows=chunk, overwrite=True, progress=False)
+            return lambda: score_file(model, src, out, OPTIONS, chunk_rows=chunk, progress=False)
 
         def file_handling() -> None:  # read, check and write the rows with fixed scores: no tokeniser, no model
             source = CsvSource(src, "query", "title")
@@ -80,7 +82,7 @@ def main() -> int:
             file_handling()
             io.append(time.perf_counter() - t0)
         ref = model.predict(pairs)
-        score_file(model, src, out, prefix="pred_", overwrite=True, progress=False)
+        score_file(model, src, out, OPTIONS, progress=False)
         with out.open(encoding="utf-8", newline="") as f:
             diff = max(abs(float(row["pred_score"]) - e.score) for row, e in zip(csv.DictReader(f), ref))
     pps = {k: n / statistics.median(v) for k, v in seconds.items()}

@@ -66,12 +66,13 @@ def add_score(sub) -> None:
 
 def cmd_score(a) -> int:
     from model.builtin import resolve_model
+    from model.bulk.score import ScoreOptions, score_file
 
     try:  # the rule of `qtrel serve --model`
         model_dir = resolve_model(a.model)
     except FileNotFoundError as e:
         return _fail(e)
-    opts = dict(
+    options = ScoreOptions(
         query_column=a.query_column,
         title_column=a.title_column,
         prefix=a.prefix,
@@ -83,32 +84,22 @@ def cmd_score(a) -> int:
         if a.ray and a.resume:
             raise ValueError("--resume works on one machine only: a Ray run writes its output folder anew")
         if a.ray:
-            from model.bulk.ray import score_dataset_ray
+            from model.bulk.ray import RayCluster, score_dataset_ray
 
+            cluster = RayCluster(a.ray, a.num_actors, a.batch_size, a.num_cpus, a.num_gpus)
             summary = score_dataset_ray(
-                a.input,
-                a.out,
-                model_dir,
-                address=a.ray,
-                num_actors=a.num_actors,
-                batch_size=a.batch_size,
-                num_cpus=a.num_cpus,
-                num_gpus=a.num_gpus,
-                dtype=a.dtype,
-                max_length=a.max_length,
-                **opts,
+                a.input, a.out, model_dir, options, cluster, dtype=a.dtype, max_length=a.max_length
             )
         else:
             import torch
 
-            from model.bulk.score import score_file
             from model.relevance import RelevanceModel
 
             if a.threads:
                 torch.set_num_threads(a.threads)
             model = RelevanceModel.load(model_dir, device=a.device, dtype=a.dtype, max_length=a.max_length)
             summary = score_file(
-                model, a.input, a.out, chunk_rows=a.chunk_rows, resume=a.resume, progress=a.progress, **opts
+                model, a.input, a.out, options, chunk_rows=a.chunk_rows, resume=a.resume, progress=a.progress
             )
     except ValueError as e:
         return _fail(e)

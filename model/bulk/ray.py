@@ -17,17 +17,17 @@ from __future__ import annotations
 
 import logging
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from model.bulk.io import check_collision, format_of, pair_or_problem
 from model.bulk.parquet import append_scores
-from model.bulk.score import SOURCES, score_names, score_pairs
+from model.bulk.score import SOURCES, ScoreOptions, score_names, score_pairs
 from model.checkpoint import load_config
 from model.data import DataError
-from model.levels import MAX_BATCH_TOKENS
 from model.relevance import RelevanceModel
 
-__all__ = ["score_dataset_ray", "RayScorer"]
+__all__ = ["RayCluster", "RayScorer", "score_dataset_ray"]
 
 log = logging.getLogger("qtrel.ray")
 
@@ -38,14 +38,10 @@ class RayScorer:
     def __init__(
         self,
         model_dir: str,
-        query_column: str,
-        title_column: str,
-        prefix: str = "",
+        options: ScoreOptions,
         device: str = "cpu",
         dtype: str = "auto",
         max_length: int = 128,
-        max_batch_tokens: int = MAX_BATCH_TOKENS,
-        skip_bad: bool = False,
         threads: int = 0,
     ):
         import torch
@@ -53,21 +49,21 @@ class RayScorer:
         if threads:
             torch.set_num_threads(threads)
         self.model = RelevanceModel.load(model_dir, device=device, dtype=dtype, max_length=max_length)
-        self.qc, self.tc, self.prefix = query_column, title_column, prefix
-        self.max_batch_tokens, self.skip_bad = max_batch_tokens, skip_bad
+        self.options = options
 
     def __call__(self, batch):
+        o = self.options
         pairs: list[tuple[str, str] | None] = []
-        qs, ts = batch.column(self.qc).to_pylist(), batch.column(self.tc).to_pylist()
+        qs, ts = batch.column(o.query_column).to_pylist(), batch.column(o.title_column).to_pylist()
         for q, t in zip(qs, ts):
-            p = pair_or_problem(q, t, self.qc, self.tc)
-            if isinstance(p, str) and not self.skip_bad:
+            p = pair_or_problem(q, t, o.query_column, o.title_column)
+            if isinstance(p, str) and not o.skip_bad:
                 raise DataError(
-                    f"bad row ({p}): {self.qc}={q!r}, {self.tc}={t!r}; pass skip_bad (--skip-bad) to "
-                    "write such rows with empty scores"
+                    f"bad row ({p}): {o.query_column}={q!r}, {o.title_column}={t!r}; pass skip_bad (--skip-bad) "
+                    "to write such rows with empty scores"
                 )
             pairs.append(None if isinstance(p, str) else p)
-        return append_scores(batch, score_pairs(self.model, pairs, self.max_batch_tokens, self.prefix))
+        return append_scores(batch, score_pairs(self.model, pairs, o.max_batch_tokens, o.prefix))
 
 
 def _read(ray, path: Path, kind: str, qc: str, tc: str):
@@ -89,37 +85,40 @@ def _read(ray, path: Path, kind: str, qc: str, tc: str):
     return ray.data.read_parquet(str(path))
 
 
+@dataclass(frozen=True)
+class RayCluster:
+    """Where and how a Ray run scores: the cluster, the actor pool and each actor's resources."""
+
+    address: str = "local"  # local starts a cluster here (or uses ray.init's); else ray.init(address=...)
+    num_actors: int = 2  # actors in the pool, each with its own model
+    batch_size: int = 1024  # rows per map_batches call
+    num_cpus: float = 1.0  # per actor (its torch threads, at least 1)
+    num_gpus: float = 0.0  # per actor; > 0 runs the model on cuda
+    preserve_order: bool = False  # output rows in input order (slower)
+
+
 def score_dataset_ray(
     input: str | Path,
     output: str | Path,
     model_dir: str | Path,
+    options: ScoreOptions | None = None,
+    cluster: RayCluster | None = None,
     *,
-    address: str = "local",
-    num_actors: int = 2,
-    batch_size: int = 1024,
-    num_cpus: float = 1.0,
-    num_gpus: float = 0.0,
     dtype: str = "auto",
     max_length: int = 128,
-    max_batch_tokens: int = MAX_BATCH_TOKENS,
-    query_column: str = "query",
-    title_column: str = "title",
-    prefix: str = "",
-    skip_bad: bool = False,
-    preserve_order: bool = False,
-    overwrite: bool = False,
 ) -> dict:
     """Score INPUT (a file or a folder of files of one format) into the folder OUTPUT on a Ray cluster.
 
-    address: `local` starts a local cluster on this machine (or uses the one `ray.init` already started
-    in this process); anything else is passed to `ray.init(address=...)`, e.g. `auto` or `ray://head:10001`.
-    num_actors: actors in the pool, each with its own model. batch_size: rows per `map_batches` call (each
-    call forwards its rows in length-sorted batches of at most max_batch_tokens padded tokens).
-    num_cpus / num_gpus: resources per actor; with num_gpus > 0 the model runs on cuda, else on cpu with
-    int(num_cpus) torch threads (at least 1). On a small local cluster give each actor a fraction of a CPU
+    `cluster.address`: `local` starts a local cluster on this machine (or uses the one `ray.init` already
+    started in this process); anything else is passed to `ray.init(address=...)`, e.g. `auto` or
+    `ray://head:10001`. Each `map_batches` call of `cluster.batch_size` rows forwards its rows in
+    length-sorted batches of at most `options.max_batch_tokens` padded tokens. With num_gpus > 0 the model
+    runs on cuda, else on cpu with int(num_cpus) torch threads (at least 1). On a small local cluster give
+    each actor a fraction of a CPU
     (num_cpus=0.5): Ray Data budgets the CPUs between the read, map and write steps, and on 2 CPUs one
     actor asking for a whole CPU was seen to wait for ever behind the read task. Returns a summary:
     output, files written, seconds."""
+    options, cluster = options or ScoreOptions(), cluster or RayCluster()
     try:
         import ray
         import ray.data
@@ -127,59 +126,55 @@ def score_dataset_ray(
         raise ValueError("--ray needs Ray Data: pip install 'qtrel[ray]'") from None
     input, output = Path(input), Path(output)
     kind = format_of(next(iter(sorted(input.iterdir()))) if input.is_dir() else input)
-    if output.exists() and any(output.iterdir()) and not overwrite:
+    if output.exists() and any(output.iterdir()) and not options.overwrite:
         raise ValueError(f"{output} exists and is not empty: remove it or pass --overwrite")
-    if num_actors < 1 or batch_size < 1:
+    if cluster.num_actors < 1 or cluster.batch_size < 1:
         raise ValueError("num_actors and batch_size must be at least 1")
-    names = score_names(load_config(Path(model_dir)).labels, prefix)
+    names = score_names(load_config(Path(model_dir)).labels, options.prefix)
     if input.is_file() and kind != "jsonl":  # before a cluster starts: the header says it
-        check_collision(names, SOURCES[kind](input, query_column, title_column).columns or [], input)
+        check_collision(names, SOURCES[kind](input, options.query_column, options.title_column).columns or [], input)
     if not ray.is_initialized():
-        ray.init(address=None if address == "local" else address, log_to_driver=False)
+        ray.init(address=None if cluster.address == "local" else cluster.address, log_to_driver=False)
     cpus = ray.cluster_resources().get("CPU", 0.0)
-    if num_actors * num_cpus > cpus - 1:  # the read and write tasks need a CPU too, or the pipeline stalls
+    if cluster.num_actors * cluster.num_cpus > cpus - 1:  # reading and writing need a CPU too, or it stalls
         message = (
-            f"{num_actors} actors x {num_cpus} CPUs leave less than one of the cluster's {cpus:g} CPUs for "
-            "reading and writing: use fewer actors or a fraction of a CPU each (num_cpus=0.5)"
+            f"{cluster.num_actors} actors x {cluster.num_cpus} CPUs leave less than one of the cluster's {cpus:g} "
+            "CPUs for reading and writing: use fewer actors or a fraction of a CPU each (num_cpus=0.5)"
         )
-        if address == "local":
+        if cluster.address == "local":
             raise ValueError(message)
         log.warning("%s (going on: a cluster that scales up may find them)", message)
     ctx = ray.data.DataContext.get_current()
-    ctx.execution_options.preserve_order = preserve_order
-    ds = _read(ray, input, kind, query_column, title_column)
+    ctx.execution_options.preserve_order = cluster.preserve_order
+    ds = _read(ray, input, kind, options.query_column, options.title_column)
     check_collision(names, ds.schema().names, input)
     scorer_args = dict(
         model_dir=str(model_dir),
-        query_column=query_column,
-        title_column=title_column,
-        prefix=prefix,
-        device="cuda" if num_gpus > 0 else "cpu",
+        options=options,
+        device="cuda" if cluster.num_gpus > 0 else "cpu",
         dtype=dtype,
         max_length=max_length,
-        max_batch_tokens=max_batch_tokens,
-        skip_bad=skip_bad,
-        threads=0 if num_gpus > 0 else max(1, int(num_cpus)),
+        threads=0 if cluster.num_gpus > 0 else max(1, int(cluster.num_cpus)),
     )
     t0 = time.perf_counter()
     scored = ds.map_batches(
         RayScorer,
         fn_constructor_kwargs=scorer_args,
-        batch_size=batch_size,
+        batch_size=cluster.batch_size,
         batch_format="pyarrow",
-        compute=ray.data.ActorPoolStrategy(size=num_actors),
-        num_cpus=num_cpus,
-        num_gpus=num_gpus or None,
+        compute=ray.data.ActorPoolStrategy(size=cluster.num_actors),
+        num_cpus=cluster.num_cpus,
+        num_gpus=cluster.num_gpus or None,
     )
     from ray.data import SaveMode
 
     write = {"csv": scored.write_csv, "jsonl": scored.write_json, "parquet": scored.write_parquet}[kind]
-    write(str(output), mode=SaveMode.OVERWRITE if overwrite else SaveMode.APPEND)
+    write(str(output), mode=SaveMode.OVERWRITE if options.overwrite else SaveMode.APPEND)
     files = sorted(p for p in output.iterdir() if p.is_file()) if output.is_dir() else []
     return {
         "input": str(input),
         "output": str(output),
         "files": len(files),
-        "actors": num_actors,
+        "actors": cluster.num_actors,
         "seconds": round(time.perf_counter() - t0, 3),
     }

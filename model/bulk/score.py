@@ -23,6 +23,7 @@ import logging
 import shutil
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -33,7 +34,7 @@ from model.data import DataError
 from model.levels import MAX_BATCH_TOKENS
 from model.relevance import RelevanceModel
 
-__all__ = ["score_file", "score_pairs", "score_names"]
+__all__ = ["ScoreOptions", "score_file", "score_pairs", "score_names"]
 
 log = logging.getLogger("qtrel.bulk")
 
@@ -43,6 +44,19 @@ SOURCES: dict[str, Callable[[Path, str, str], Source]] = {
     "parquet": ParquetSource,
 }
 SINKS: dict[str, Callable[..., Sink]] = {"csv": CsvSink, "jsonl": JsonlSink, "parquet": ParquetSink}
+
+
+@dataclass(frozen=True)
+class ScoreOptions:
+    """What every bulk scorer takes alike, on one machine or on Ray: the pair's columns, the prefix of
+    the score columns, the batch budget, and what to do with bad rows and with an existing output."""
+
+    query_column: str = "query"
+    title_column: str = "title"
+    prefix: str = ""
+    max_batch_tokens: int = MAX_BATCH_TOKENS
+    skip_bad: bool = False  # write bad rows with empty scores instead of stopping at their chunk
+    overwrite: bool = False  # replace an existing output
 
 
 def score_names(labels: Sequence[str], prefix: str = "") -> list[str]:
@@ -115,15 +129,10 @@ def score_file(
     model: RelevanceModel,
     input: str | Path,
     output: str | Path,
+    options: ScoreOptions | None = None,
     *,
-    query_column: str = "query",
-    title_column: str = "title",
-    prefix: str = "",
     chunk_rows: int = 20000,
-    max_batch_tokens: int = MAX_BATCH_TOKENS,
     resume: bool = False,
-    overwrite: bool = False,
-    skip_bad: bool = False,
     progress: bool = True,
     max_errors: int = 20,
 ) -> dict:
@@ -141,13 +150,14 @@ def score_file(
     if not input.is_file():
         raise DataError(f"{input}: no such file")
     exists = output.exists() or parts_dir(output).exists()
-    if exists and not (resume or overwrite):
+    o = options or ScoreOptions()
+    if exists and not (resume or o.overwrite):
         raise ValueError(f"{output} exists: pass --resume to go on from the rows it holds, or --overwrite")
-    if exists and overwrite and not resume:
+    if exists and o.overwrite and not resume:
         output.unlink(missing_ok=True)
         shutil.rmtree(parts_dir(output), ignore_errors=True)
-    source = SOURCES[kind](input, query_column, title_column)
-    sink = SINKS[kind](output, source, score_names(model.labels, prefix), resume, chunk_rows)
+    source = SOURCES[kind](input, o.query_column, o.title_column)
+    sink = SINKS[kind](output, source, score_names(model.labels, o.prefix), resume, chunk_rows)
     kept = sink.rows_done
     if kept:
         log.info("%s holds %d complete rows (to the last whole chunk): going on from row %d", output, kept, kept + 1)
@@ -155,9 +165,9 @@ def score_file(
     t0, scored, bad = time.perf_counter(), 0, 0
     try:
         for chunk in source.chunks(chunk_rows, skip=kept):
-            if chunk.problems and not skip_bad:
+            if chunk.problems and not o.skip_bad:
                 raise _bad_rows(input, chunk, max_errors)
-            sink.write(chunk, score_pairs(model, chunk.pairs, max_batch_tokens, prefix))
+            sink.write(chunk, score_pairs(model, chunk.pairs, o.max_batch_tokens, o.prefix))
             scored += len(chunk) - len(chunk.problems)
             bad += len(chunk.problems)
             if chunk.problems:

@@ -15,7 +15,8 @@ from tests.model.bulk.test_score import SCORE_COLUMNS, make_rows, write_csv, wri
 ray = pytest.importorskip("ray", reason="Ray is an optional extra: pip install 'qtrel[ray]'")
 pytest.importorskip("ray.data", reason="Ray Data is missing: pip install 'qtrel[ray]'")
 
-from model.bulk.ray import score_dataset_ray  # noqa: E402
+from model.bulk.ray import RayCluster, score_dataset_ray  # noqa: E402
+from model.bulk.score import ScoreOptions  # noqa: E402
 
 # A Ray Data pipeline that cannot get a CPU waits rather than fails: keep such a stall short.
 pytestmark = pytest.mark.timeout(150)
@@ -47,7 +48,11 @@ def test_ray_csv_equals_the_single_machine_command(local_ray, tiny_checkpoint, t
     src = write_csv(tmp_path / "in.csv", rows)
     score_file(RelevanceModel.load(tiny_checkpoint), src, tmp_path / "ref.csv", chunk_rows=16, progress=False)
     summary = score_dataset_ray(
-        src, tmp_path / "out", tiny_checkpoint, num_actors=2, num_cpus=0.5, batch_size=16, dtype="float32"
+        src,
+        tmp_path / "out",
+        tiny_checkpoint,
+        cluster=RayCluster(num_actors=2, num_cpus=0.5, batch_size=16),
+        dtype="float32",
     )
     assert summary["files"] >= 1
     got = []
@@ -68,10 +73,7 @@ def test_ray_jsonl_in_order(local_ray, tiny_checkpoint, tmp_path):
         src,
         tmp_path / "out",
         tiny_checkpoint,
-        num_actors=2,
-        num_cpus=0.5,
-        batch_size=8,
-        preserve_order=True,
+        cluster=RayCluster(num_actors=2, num_cpus=0.5, batch_size=8, preserve_order=True),
         dtype="float32",
     )
     got = [json.loads(line) for p in sorted((tmp_path / "out").glob("*.json*")) for line in p.open(encoding="utf-8")]
@@ -83,15 +85,17 @@ def test_ray_jsonl_in_order(local_ray, tiny_checkpoint, tmp_path):
 def test_ray_refuses_a_pool_that_leaves_no_cpu_for_reading(local_ray, tiny_checkpoint, tmp_path):
     src = write_csv(tmp_path / "in.csv", make_rows(4))
     with pytest.raises(ValueError, match="2 actors x 1.0 CPUs leave less than one of the cluster's 2 CPUs"):
-        score_dataset_ray(src, tmp_path / "out", tiny_checkpoint, num_actors=2, num_cpus=1.0)
+        score_dataset_ray(src, tmp_path / "out", tiny_checkpoint, cluster=RayCluster(num_actors=2, num_cpus=1.0))
 
 
 def test_ray_refuses_bad_rows_unless_skipped(local_ray, tiny_checkpoint, tmp_path):
     src = tmp_path / "in.csv"
     src.write_text("id,query,title\n0,drill,DEWALT drill\n1,hose,\n", encoding="utf-8")
     with pytest.raises(Exception, match="empty 'title'"):
-        score_dataset_ray(src, tmp_path / "strict", tiny_checkpoint, num_actors=1, num_cpus=0.5)
-    score_dataset_ray(src, tmp_path / "out", tiny_checkpoint, num_actors=1, num_cpus=0.5, skip_bad=True)
+        score_dataset_ray(src, tmp_path / "strict", tiny_checkpoint, cluster=RayCluster(num_actors=1, num_cpus=0.5))
+    score_dataset_ray(
+        src, tmp_path / "out", tiny_checkpoint, ScoreOptions(skip_bad=True), RayCluster(num_actors=1, num_cpus=0.5)
+    )
     got = []
     for part in sorted((tmp_path / "out").glob("*.csv")):
         with part.open(encoding="utf-8", newline="") as f:

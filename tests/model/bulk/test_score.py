@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from model.bulk.score import score_file
+from model.bulk.score import ScoreOptions, score_file
 from model.data import DataError
 from model.relevance import RelevanceModel
 
@@ -168,12 +168,12 @@ def test_bad_rows_are_listed_with_file_and_line(model, tmp_path):
 def test_skip_bad_writes_empty_scores(model, tmp_path):
     src = tmp_path / "in.csv"
     src.write_text("query,title\ndrill,DEWALT drill\n,a hose\nhose,garden hose\n", encoding="utf-8")
-    summary = score_file(model, src, tmp_path / "out.csv", skip_bad=True, progress=False)
+    summary = score_file(model, src, tmp_path / "out.csv", ScoreOptions(skip_bad=True), progress=False)
     assert (summary["scored"], summary["bad"], summary["rows"]) == (2, 1, 3)
     _, out = read_csv(tmp_path / "out.csv")
     assert all(out[1][c] == "" for c in SCORE_COLUMNS) and out[0]["level"] and out[2]["level"]
     jl = write_jsonl(tmp_path / "in.jsonl", [{"query": "drill", "title": ""}, {"query": "drill", "title": "drill"}])
-    score_file(model, jl, tmp_path / "out.jsonl", skip_bad=True, progress=False)
+    score_file(model, jl, tmp_path / "out.jsonl", ScoreOptions(skip_bad=True), progress=False)
     first = json.loads((tmp_path / "out.jsonl").read_text().splitlines()[0])
     assert all(first[c] is None for c in SCORE_COLUMNS)
 
@@ -184,8 +184,10 @@ def test_column_names_and_prefix(model, tmp_path):
     with pytest.raises(DataError, match="no column 'query'.*--query-column"):
         score_file(model, src, tmp_path / "a.csv", progress=False)
     with pytest.raises(ValueError, match="already has column.*'level'.*--prefix"):
-        score_file(model, src, tmp_path / "b.csv", query_column="q", title_column="t", progress=False)
-    score_file(model, src, tmp_path / "c.csv", query_column="q", title_column="t", prefix="pred_", progress=False)
+        score_file(model, src, tmp_path / "b.csv", ScoreOptions(query_column="q", title_column="t"), progress=False)
+    score_file(
+        model, src, tmp_path / "c.csv", ScoreOptions(query_column="q", title_column="t", prefix="pred_"), progress=False
+    )
     header, out = read_csv(tmp_path / "c.csv")
     assert header == ["q", "t", "level", *(f"pred_{c}" for c in SCORE_COLUMNS)]
     assert_matches_predict(
@@ -203,7 +205,7 @@ def test_an_existing_output_needs_resume_or_overwrite(model, tmp_path):
         score_file(model, src, out, progress=False)
     with pytest.raises(ValueError, match="not this run's"):
         score_file(model, src, out, resume=True, progress=False)
-    score_file(model, src, out, overwrite=True, progress=False)
+    score_file(model, src, out, ScoreOptions(overwrite=True), progress=False)
     assert len(read_csv(out)[1]) == 5
     with pytest.raises(ValueError, match="input's format"):
         score_file(model, src, tmp_path / "out.jsonl", progress=False)
@@ -248,7 +250,7 @@ def test_real_pairs_equal_predict(model, tmp_path):
         head = [next(f) for _ in range(301)]
     src = tmp_path / "dev300.csv"
     src.write_text("".join(head), encoding="utf-8")
-    score_file(model, src, tmp_path / "out.csv", prefix="pred_", chunk_rows=128, progress=False)
+    score_file(model, src, tmp_path / "out.csv", ScoreOptions(prefix="pred_"), chunk_rows=128, progress=False)
     header, out = read_csv(tmp_path / "out.csv")
     assert header == ["query", "title", "relevance", "level", *(f"pred_{c}" for c in SCORE_COLUMNS)]
     assert_matches_predict(
