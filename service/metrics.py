@@ -86,6 +86,26 @@ class Metrics:
         )
         self._key_generation = -1  # the keyring's generation the key_id series were last set for
         self._key_ids: set[str] = set()
+        self.cache_hits = Counter(
+            "qtrel_cache_hits", "Distinct pairs of a request found in the score cache", registry=r
+        )
+        self.cache_misses = Counter(
+            "qtrel_cache_misses", "Distinct pairs of a request looked up in the score cache and not found", registry=r
+        )
+        self.cache_evictions = Counter(
+            "qtrel_cache_evictions", "Score cache entries evicted to stay under cache_mb", registry=r
+        )
+        self.cache_bytes = Gauge("qtrel_cache_bytes", "Bytes the score cache holds (its charge)", registry=r)
+        self.cache_entries = Gauge("qtrel_cache_entries", "Pairs the score cache holds", registry=r)
+        self.folded = Counter(
+            "qtrel_duplicates_folded",
+            "Pairs not forwarded because the same pair was computed once for them: a duplicate inside the "
+            "request (where=request) or a pair already queued or in flight for another request (where=in_flight)",
+            ["where"],
+            registry=r,
+        )
+        for where in ("request", "in_flight"):
+            self.folded.labels(where)
         self.ready = Gauge("qtrel_ready", "1 when the model is loaded, warmed up and not draining", registry=r)
         self.model_info = Gauge(
             "qtrel_model_info", "Model being served", ["model", "device", "dtype", "version"], registry=r

@@ -66,6 +66,15 @@ class Settings(BaseSettings):
     max_batch_size: int = Field(128, ge=1, description="pairs per forward")
     max_wait_ms: float = Field(2.0, ge=0, description="how long a batch may wait to fill")
 
+    # --- the pair-score cache ---
+    cache_mb: int = Field(
+        64,
+        ge=0,
+        description="MiB of memory for the pair-score cache (~500 bytes a pair of Home Depot texts: 64 MiB holds "
+        "~130k pairs), shared by every scoring route; 0 turns it off. A request bypasses it with "
+        "Cache-Control: no-cache",
+    )
+
     # --- admission and limits ---
     max_queue_pairs: int = Field(8192, ge=1, description="pairs accepted but not finished; beyond: 429")
     max_queue_tokens: int = Field(524288, ge=64, description="tokens accepted but not finished; beyond: 429")

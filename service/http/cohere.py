@@ -124,7 +124,7 @@ async def rerank(
     results.sort(key=lambda r: -r["relevance_score"])  # stable: ties keep the request's order
     if body.top_n is not None:
         results = results[: body.top_n]
-    tokens = sum(scored.enc.lengths)
+    tokens = sum(scored.lengths)
     meta = {
         "api_version": {"version": version},
         "billed_units": {"search_units": math.ceil(len(texts) / 100), "input_tokens": tokens},

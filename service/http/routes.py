@@ -70,6 +70,7 @@ async def score_watched(
     check_limits(settings, queries, titles)
     gone = asyncio.ensure_future(disconnected(request))
     await asyncio.sleep(0)  # let it see a hang-up that came with the body
+    kw["use_cache"] = wants_cached(request)
     task = None if gone.done() else asyncio.ensure_future(engine.score(queries, titles, timeout_ms=timeout_ms, **kw))
     try:
         if task is not None:
@@ -82,6 +83,12 @@ async def score_watched(
         task.cancel()
     metrics.rejected.labels("disconnected").inc()
     raise ServiceError(ErrorKind.CLIENT_CLOSED, "client closed the connection")
+
+
+def wants_cached(request: Request) -> bool:
+    """False when the request says `Cache-Control: no-cache`: its pairs are scored afresh (and cached)."""
+    value = request.headers.get("cache-control")
+    return value is None or "no-cache" not in (d.strip().lower() for d in value.split(","))
 
 
 async def disconnected(request: Request) -> None:
@@ -106,7 +113,7 @@ async def score(
     )
     labels = scored.labels
     results = []
-    for i, (out, n, cut) in enumerate(zip(scored.outputs, scored.enc.lengths, scored.enc.truncated)):
+    for i, (out, n, cut) in enumerate(zip(scored.outputs, scored.lengths, scored.truncated)):
         r: dict[str, Any] = {
             "index": i,
             "level": labels[out.level],

@@ -210,4 +210,5 @@ class Info(BaseModel):
     state: str
     model: dict = {}  # what the model says of itself: level rule and cut points, kernels
     worker: dict  # effective layout: mode, model processes (replicas), torch threads each, restarts, pids
+    cache: dict = {}  # the pair-score cache: on or off, its bound, bytes and entries held, the model generation
     settings: dict

@@ -19,12 +19,15 @@ import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import Any
 
 from model.tokenizer import EncodedPairs, PairCut
 from service.logs import request_id
 from service.metrics import Metrics
 from service.runtime.backend import BackendError, NotReady, State
 from service.runtime.batcher import Batcher, Closed, DeadlineExceeded, Overloaded
+from service.runtime.cache import Cached, Key, ScoreCache, make_key
+from service.runtime.flight import Flight, Flights
 from service.runtime.layout import Runtime, package_version
 from service.runtime.worker import ModelInfo, PairOutput, Worker
 from service.settings import Settings
@@ -52,7 +55,8 @@ INLINE_PAIRS = 4
 @dataclass
 class Scored:
     outputs: list[PairOutput]
-    enc: EncodedPairs
+    lengths: list[int]  # per pair, its tokens (special tokens included)
+    truncated: list[bool]  # per pair, whether truncation cut it
     labels: list[str]  # the model's levels, in class order
     model: str  # the model's name
 
@@ -97,6 +101,9 @@ class Engine:
         self.batcher = batcher
         self.metrics = metrics
         self._draining = False
+        self.generation = 1  # the model's load generation: part of every cache key (a reload bumps it)
+        self.cache = ScoreCache(settings.cache_mb * 2**20)
+        self.flights = Flights(self._landed)
         self._tok_pool = ThreadPoolExecutor(1, thread_name_prefix="qtrel-tokenize")
 
     # --- lifecycle ----------------------------------------------------------------------------
@@ -161,6 +168,7 @@ class Engine:
             "state": self.readiness()[1],
             "model": m.details if m else {},
             "worker": self.worker.describe(),
+            "cache": self.cache.describe() | {"generation": self.generation, "in_flight": len(self.flights)},
             "settings": s.public(),
         }
 
@@ -202,11 +210,71 @@ class Engine:
         side: str = "right",
         timeout_ms: int | None = None,
         allow_truncation: bool = True,
+        use_cache: bool = True,
     ) -> Scored:
+        """Score the pairs, each distinct one once: from the cache (unless `use_cache` is false: the
+        caller asked for fresh scores, which are then cached), joining the same pair already in flight
+        for another request, or forwarded."""
         self.require_ready()
         deadline = time.monotonic() + (timeout_ms or self.settings.request_timeout_ms) / 1000
-        self._admit(len(queries))
         model = self._model()
+        keys = [
+            make_key(model.name, self.generation, truncation, side, model.max_length, q, t)
+            for q, t in zip(queries, titles)
+        ]
+        found: dict[Key, Cached] = {}
+        flights: dict[Key, Flight] = {}
+        todo: dict[Key, int] = {}  # key -> index of its first pair
+        look = use_cache and self.cache.enabled
+        for i, k in enumerate(keys):
+            if k in found or k in flights or k in todo:
+                continue
+            if look and (c := self.cache.get(k)) is not None:
+                found[k] = c
+            elif (f := self.flights.get(k)) is not None:
+                flights[k] = f
+            else:
+                todo[k] = i
+        if todo:
+            self._admit(len(todo))
+            enc = await self._encode(
+                model, [queries[i] for i in todo.values()], [titles[i] for i in todo.values()], truncation, side
+            )
+            encoded = dict(zip(todo, zip(enc.lengths, zip(enc.input_ids, enc.token_type_ids), enc.truncated)))
+            for k in list(todo):  # while it was tokenised, another request may have queued the same pair
+                if (f := self.flights.get(k)) is not None:
+                    flights[k] = f
+                    del todo[k]
+        self._count(len(keys), len(found), len(flights), len(todo), look)
+        if not allow_truncation:
+            cut = {k: c.truncated for k, c in found.items()} | {k: f.truncated for k, f in flights.items()}
+            cut |= {k: encoded[k][2] for k in todo}
+            if (first := next((i for i, k in enumerate(keys) if cut[k]), None)) is not None:
+                raise InputTooLong(first, model.max_length)
+        if todo:
+            mine = self._submit([encoded[k][:2] for k in todo], deadline)
+            for k, fut in zip(todo, mine):
+                n, payload, cut_ = encoded[k]
+                flights[k] = self.flights.start(k, Flight(fut, payload, n, cut_, deadline))
+        if flights:
+            await self._wait(flights, deadline)
+        for k, f in flights.items():
+            found[k] = Cached(f.future.result(), f.length, f.truncated)
+        outputs = [found[k] for k in keys]
+        self.metrics.pairs.inc(len(outputs))
+        for c in outputs:
+            self.metrics.levels.labels(model.labels[c.output.level]).inc()
+        return Scored(
+            [c.output for c in outputs],
+            [c.length for c in outputs],
+            [c.truncated for c in outputs],
+            model.labels,
+            model.name,
+        )
+
+    async def _encode(
+        self, model: ModelInfo, queries: list[str], titles: list[str], truncation: str, side: str
+    ) -> EncodedPairs:
         t0 = time.perf_counter()
         tok = model.tokenizer
         with self.tracing.span("qtrel.tokenize", pairs=len(queries)) as span:
@@ -219,35 +287,51 @@ class Engine:
                 )
             span.set_attribute("qtrel.tokens", sum(enc.lengths))
         self.metrics.tokenize_seconds.observe(time.perf_counter() - t0)
-        if not allow_truncation and any(enc.truncated):
-            raise InputTooLong(enc.truncated.index(True), model.max_length)
+        return enc
+
+    def _submit(self, items: list[tuple[int, Any]], deadline: float) -> list[asyncio.Future]:
         try:
-            futures = self.batcher.submit(
-                list(zip(enc.lengths, zip(enc.input_ids, enc.token_type_ids))),
-                deadline,
-                trace=self.tracing.context(),
-                tag=f"request {request_id.get() or '-'}",
+            return self.batcher.submit(
+                items, deadline, trace=self.tracing.context(), tag=f"request {request_id.get() or '-'}"
             )
         except Overloaded:
             self.metrics.rejected.labels("overloaded").inc()
             raise
+
+    def _requeue(self, deadline: float) -> Callable[[Key, Flight], Flight]:
+        def requeue(key: Key, old: Flight) -> Flight:
+            (fut,) = self._submit([(old.length, old.payload)], deadline)
+            return Flight(fut, old.payload, old.length, old.truncated, deadline)
+
+        return requeue
+
+    async def _wait(self, flights: dict[Key, Flight], deadline: float) -> None:
         try:
-            outputs = await asyncio.gather(*futures)
+            await self.flights.wait(flights, deadline, self._requeue(deadline))
         except DeadlineExceeded:
             self.metrics.rejected.labels("deadline").inc()
             raise
-        except Closed:
+        except (Closed, Overloaded, asyncio.CancelledError):
             raise
-        except (asyncio.CancelledError, Exception) as e:
-            for f in futures:  # the caller left, or the batch failed: drop what is still queued
-                f.cancel()
-            if isinstance(e, asyncio.CancelledError):
-                raise
+        except Exception as e:  # the batch failed
             raise InferenceFailed(f"inference failed: {_describe(e)}") from e
-        self.metrics.pairs.inc(len(outputs))
-        for o in outputs:
-            self.metrics.levels.labels(model.labels[o.level]).inc()
-        return Scored(list(outputs), enc, model.labels, model.name)
+
+    def _count(self, pairs: int, hits: int, joined: int, forwarded: int, looked: bool) -> None:
+        m = self.metrics
+        if looked:
+            m.cache_hits.inc(hits)
+            m.cache_misses.inc(joined + forwarded)
+        m.folded.labels("request").inc(pairs - hits - joined - forwarded)
+        m.folded.labels("in_flight").inc(joined)
+
+    def _landed(self, key: Key, flight: Flight) -> None:
+        """A pair came back from the model: cache it (the flight table calls this once per pair)."""
+        if self.cache.enabled:
+            self.metrics.cache_evictions.inc(
+                self.cache.put(key, Cached(flight.future.result(), flight.length, flight.truncated))
+            )
+            self.metrics.cache_bytes.set(self.cache.bytes)
+            self.metrics.cache_entries.set(len(self.cache))
 
     async def tokenize(
         self, queries: list[str], titles: list[str], truncation: str = "only_second", side: str = "right"

@@ -215,7 +215,12 @@ def test_overload_is_refused_with_retry_after(tiny_checkpoint):
         async def main():
             async with httpx.AsyncClient(timeout=60) as client:
                 return await asyncio.gather(
-                    *(client.post(srv.url + "/score", json={"query": "q", "titles": ["a title"] * 4}) for _ in range(6))
+                    *(  # distinct pairs: the same pair twice would be forwarded once and take one place
+                        client.post(
+                            srv.url + "/score", json={"query": "q", "titles": [f"title {j} {i}" for i in range(4)]}
+                        )
+                        for j in range(6)
+                    )
                 )
 
         rs = run(main())
@@ -249,7 +254,9 @@ def test_disconnected_client_work_is_dropped(tiny_checkpoint):
         async def main():
             async with httpx.AsyncClient() as client:
                 with pytest.raises(httpx.ReadTimeout):
-                    await client.post(srv.url + "/score", json={"query": "q", "titles": ["t"] * 3}, timeout=0.3)
+                    await client.post(
+                        srv.url + "/score", json={"query": "q", "titles": ["t1", "t2", "t3"]}, timeout=0.3
+                    )
 
         run(main())
         import time

@@ -63,7 +63,8 @@ def exercise(srv) -> None:
         raise RuntimeError("injected fault")
 
     model.logits = failing
-    assert httpx.post(url + "/score", json={"query": QUERY, "titles": [TITLE]}).status_code == 500
+    fresh = {"Cache-Control": "no-cache"}  # the pair was scored above: past the cache, to the failing forward
+    assert httpx.post(url + "/score", json={"query": QUERY, "titles": [TITLE]}, headers=fresh).status_code == 500
     assert httpx.post(url + "/v9/leaky", json={"query": QUERY, "titles": [TITLE]}).status_code == 500
 
 

@@ -77,7 +77,7 @@ def test_scores_match_the_model_alone_inline_and_on_the_tokeniser_thread(tiny_ch
     few, many = served(make_engine(tiny_checkpoint), body)
     for scored, n in ((few, 2), (many, len(pairs))):
         assert len(scored.outputs) == n
-        for out, ref_score, tokens in zip(scored.outputs, want, scored.enc.lengths):
+        for out, ref_score, tokens in zip(scored.outputs, want, scored.lengths):
             assert out.probs == pytest.approx(ref_score.probs, abs=1e-5)
             assert out.expected == pytest.approx(ref_score.score, abs=1e-5)
             assert scored.labels[out.level] == ref_score.level and tokens == ref_score.tokens
@@ -88,8 +88,9 @@ def test_admission_and_truncation_are_refused_with_their_kinds(tiny_checkpoint):
 
     async def body(e: Engine):
         with pytest.raises(Overloaded) as err:
-            await e.score(["q"] * 5, ["t"] * 5)
+            await e.score(["q"] * 5, [f"t{i}" for i in range(5)])  # 5 distinct pairs: more than the queue holds
         assert err.value.retry_after >= 1
+        assert len((await e.score(["q"] * 5, ["t"] * 5)).outputs) == 5  # one distinct pair: one forward
         with pytest.raises(InputTooLong, match="set truncate=true"):
             await e.score(["q"], ["a very long title " * 10], allow_truncation=False)
         assert len((await e.score(["q"], ["a very long title " * 10])).outputs) == 1  # truncated
