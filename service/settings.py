@@ -70,8 +70,8 @@ class Settings(BaseSettings):
     cache_mb: int = Field(
         64,
         ge=0,
-        description="MiB of memory for the pair-score cache (~500 bytes a pair of Home Depot texts: 64 MiB holds "
-        "~130k pairs), shared by every scoring route; 0 turns it off. A request bypasses it with "
+        description="MiB of memory for the pair-score cache (~530 bytes a pair of Home Depot texts: 64 MiB holds "
+        "~120k pairs), shared by every scoring route; 0 turns it off. A request bypasses it with "
         "Cache-Control: no-cache",
     )
 

@@ -49,6 +49,12 @@ SPEC_METRICS: dict[str, tuple[str, frozenset[str]]] = {
     "qtrel_batches_retried_total": ("counter", frozenset()),
     "qtrel_batches_failed_total": ("counter", frozenset({"reason"})),
     "qtrel_batches_split_total": ("counter", frozenset({"reason"})),
+    "qtrel_cache_hits_total": ("counter", frozenset()),
+    "qtrel_cache_misses_total": ("counter", frozenset()),
+    "qtrel_cache_evictions_total": ("counter", frozenset()),
+    "qtrel_cache_bytes": ("gauge", frozenset()),
+    "qtrel_cache_entries": ("gauge", frozenset()),
+    "qtrel_duplicates_folded_total": ("counter", frozenset({"where"})),
 }
 HISTOGRAM_SUFFIXES = ("_bucket", "_sum", "_count")
 # Labels that Prometheus adds at scrape time (job, instance) or the in-cluster relabelling adds.
