@@ -15,7 +15,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from model.bert import BertForRelevance
-from model.config import BertConfig, ConfigError
+from model.config import BertConfig, CheckpointError, ConfigError
 
 # (Hugging Face key, our key) patterns, without the `bert.` prefix; {i} is a layer index.
 _KEY_MAP = [
@@ -44,10 +44,6 @@ def _pattern(template: str) -> re.Pattern[str]:
 
 _HF_TO_OURS = [(_pattern(hf), ours) for hf, ours in _KEY_MAP]
 _OURS_TO_HF = [(_pattern(ours), hf) for hf, ours in _KEY_MAP]
-
-
-class CheckpointError(ValueError):
-    """A directory or weight file that is not a usable checkpoint; the message says what is wrong."""
 
 
 def _translate(key: str, table) -> str | None:

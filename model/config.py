@@ -15,6 +15,11 @@ class ConfigError(ValueError):
     """A config.json that this encoder cannot run."""
 
 
+class CheckpointError(ValueError):
+    """A directory or weight file that is not a usable checkpoint; the message says what is wrong. Here, not
+    in model.checkpoint, so that catching it loads no torch."""
+
+
 @dataclass(frozen=True)
 class BertConfig:
     vocab_size: int = 30522  # rows of the word-embedding table; must match the tokenizer's vocab

@@ -1,9 +1,14 @@
 """Device and precision, resolved from what the machine has: the one rule for the server, the bulk
-commands and evaluation alike."""
+commands and evaluation alike. torch is imported only where a device other than the CPU must be asked
+about, so that a process which only plans where models run (the HTTP server) need not load it."""
 
 from __future__ import annotations
 
-import torch
+import glob
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
 
 
 def cpu_has_native_bf16() -> bool:
@@ -17,6 +22,8 @@ def cpu_has_native_bf16() -> bool:
 
 
 def resolve_device(device: str) -> torch.device:
+    import torch
+
     if device == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     try:
@@ -30,12 +37,20 @@ def resolve_device(device: str) -> torch.device:
     return dev
 
 
-def resolve_dtype(dtype: str, device: torch.device) -> str:
+def resolve_device_name(device: str) -> str:
+    """`resolve_device` as a name ("cpu", "cuda", "cuda:1"). "cpu", and "auto" on a machine without an
+    NVIDIA device node (where CUDA cannot be available), are answered without importing torch."""
+    if device == "cpu" or (device == "auto" and not glob.glob("/dev/nvidia[0-9]*")):
+        return "cpu"
+    return str(resolve_device(device))
+
+
+def resolve_dtype(dtype: str, device: torch.device | str) -> str:
     """`auto`: float16 on cuda; on cpu bfloat16 where the CPU has bfloat16 instructions (measured ~2.7x
     float32 with the predicted level unchanged on >99% of dev pairs, docs/benchmarks.md), else float32
     (bfloat16 is emulated, ~20x slower, on AVX2-only CPUs). Any other value is kept."""
     if dtype != "auto":
         return dtype
-    if device.type == "cuda":
+    if str(device).startswith("cuda"):
         return "float16"
     return "bfloat16" if cpu_has_native_bf16() else "float32"

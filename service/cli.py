@@ -20,7 +20,7 @@ from model.train.cli import fail as _fail
 def _add_train(sub) -> None:
     from dataclasses import MISSING, fields
 
-    from model.train.loop import HELP, TrainArgs
+    from model.train.args import HELP, TrainArgs
 
     p = sub.add_parser("train", help="fine-tune a BERT encoder (or a qtrel checkpoint) on graded pairs")
     p.add_argument("train_file", help="CSV or JSON lines with query, title and a graded label")
@@ -257,7 +257,7 @@ def main(argv: list[str] | None = None) -> int:
     _add_score(sub)
     a = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    from model.checkpoint import CheckpointError
+    from model.config import CheckpointError
     from model.data import DataError
 
     try:

@@ -19,7 +19,6 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from service.runtime import runner
 from service.runtime.backend import (
     Backend,
     BatchScores,
@@ -49,6 +48,8 @@ def child_main(conn, spec: LoadSpec) -> None:
     process goes away. Lifecycle signals are the server's to handle (it drains, or reloads, first)."""
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):  # a terminal's hang-up reaches the group too
         signal.signal(sig, signal.SIG_IGN)
+    from service.runtime import runner  # torch and the model: here, never in the server process
+
     try:
         model = runner.load_model(spec)
         conn.send(Loaded(model.describe()))

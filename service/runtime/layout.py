@@ -12,10 +12,8 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-import torch
-
 from model.builtin import resolve_model
-from model.device import resolve_device, resolve_dtype
+from model.device import resolve_device_name, resolve_dtype
 from service.runtime.backend import LoadSpec
 from service.settings import Settings
 
@@ -42,11 +40,11 @@ class Runtime:
 
 
 def resolve_runtime(settings: Settings, cores: int | None = None) -> Runtime:
-    device = resolve_device(settings.device)
+    device = resolve_device_name(settings.device)
     replicas, threads = resolve_layout(settings, device, cores)
     return Runtime(
         resolve_model(settings.model),
-        str(device),
+        device,
         resolve_dtype(settings.dtype, device),
         settings.worker,
         replicas,
@@ -80,14 +78,14 @@ def usable_cores() -> int:
     return max(1, min(cores, int(limit))) if limit else cores
 
 
-def resolve_layout(settings: Settings, device: torch.device, cores: int | None = None) -> tuple[int, int]:
+def resolve_layout(settings: Settings, device: str, cores: int | None = None) -> tuple[int, int]:
     """(model processes, torch threads in each). On cpu, several single-thread processes beat one
     multi-thread process when serving: they do not stall on each other's OpenMP barriers when the HTTP
     server takes a core for a moment (on 2 cores: 1.4x the one-pair throughput, docs/design.md). Above
     4 cores, 4 threads per process keep the latency of one batch low. The thread worker and cuda use
     one replica."""
     cores = cores or usable_cores()
-    if settings.worker == "thread" or device.type == "cuda":
+    if settings.worker == "thread" or device.startswith("cuda"):
         return 1, settings.threads
     threads, replicas = settings.threads, settings.replicas
     if not threads:

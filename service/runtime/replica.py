@@ -65,6 +65,7 @@ class Replica:
         self._backend: Backend | None = None
         self._restarts: deque[float] = deque()  # monotonic times of the restarts within the window
         self._restarts_lock = threading.Lock()  # appended here, counted by health probes
+        self._served = False  # READY at least once: a crash loop after that is not a failed start
 
     @property
     def state(self) -> State:
@@ -83,7 +84,7 @@ class Replica:
 
     @property
     def crash_looping(self) -> bool:
-        return self.recent_restarts() >= self.policy.crash_loop
+        return self.state == State.FAILED or self.recent_restarts() >= self.policy.crash_loop
 
     def request_stop(self) -> None:
         self.machine.advance(State.STOPPING)
@@ -108,6 +109,7 @@ class Replica:
         if not self.machine.advance(State.READY):
             return False  # stopping
         self.error = None
+        self._served = True
         assert self._backend is not None
         log.info("model %d %s (pid %s)", self.index, "restarted" if restarted else "ready", self._backend.pid)
         return True
@@ -141,6 +143,10 @@ class Replica:
                 f" in {delay:g}s" if delay else "",
             )
             self._on_restart(reason)
+            if not self._served and self.crash_looping:  # never up since the start: it will not come up
+                self.error = f"{detail} ({self.recent_restarts()} tries)"
+                self.machine.advance(State.FAILED)
+                return False
             if delay and self.machine.wait_for(ENDING, delay) in ENDING:
                 return False
             try:

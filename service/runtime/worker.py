@@ -27,9 +27,8 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from model.relevance import RelevanceModel
 from model.tokenizer import PairTokenizer
 from service.runtime.backend import (
     Backend,
@@ -45,9 +44,11 @@ from service.runtime.backend import (
     StateMachine,
 )
 from service.runtime.backend_process import ProcessBackend
-from service.runtime.backend_thread import ThreadBackend
 from service.runtime.replica import ENDING, Replica, RestartPolicy
 from service.runtime.worker_api import ModelInfo, NoObserver, PairOutput, WorkerObserver
+
+if TYPE_CHECKING:  # the model lives in the model processes: this process loads torch only in thread mode
+    from model.relevance import RelevanceModel
 
 __all__ = ["ModelInfo", "PairOutput", "RestartPolicy", "Worker", "WorkerObserver"]
 
@@ -90,7 +91,11 @@ class Worker:
         policy = restarts or RestartPolicy()
 
         def make_backend(index: int) -> Backend:
-            return ThreadBackend(spec) if mode == "thread" else ProcessBackend(spec, f"qtrel-model-{index}")
+            if mode == "thread":
+                from service.runtime.backend_thread import ThreadBackend
+
+                return ThreadBackend(spec)
+            return ProcessBackend(spec, f"qtrel-model-{index}")
 
         self._replicas = [
             Replica(i, make_backend, self._jobs, self._replica_changed, self._loaded, self._restarted, policy)
@@ -121,7 +126,7 @@ class Worker:
     def model(self) -> RelevanceModel | None:
         """The model object in thread mode (for fault-injection tests); None in process mode."""
         b = self._replicas[0].backend
-        return b.model if isinstance(b, ThreadBackend) else None
+        return None if self.mode != "thread" or b is None else b.model  # type: ignore[attr-defined]
 
     def alive(self) -> bool:
         """Liveness: a replica thread runs (or the model still loads) and no model process is in a crash loop."""
@@ -223,10 +228,10 @@ class Worker:
         if current in ENDING:
             return current
         states = [r.state for r in self._replicas]
-        if State.FAILED in states:  # only at the first start: the checkpoint cannot be loaded
+        if State.FAILED in states and State.READY not in states:  # a model that could never be brought up
             return State.FAILED
         serving = current in (State.READY, State.RESTARTING)
-        if serving or all(s in (State.READY, State.RESTARTING) for s in states):
+        if serving or all(s in (State.READY, State.RESTARTING, State.FAILED) for s in states):
             if State.READY in states:  # ready while one model process is
                 return State.READY
             if serving:

@@ -150,3 +150,20 @@ def test_sighup_rereads_the_key_file_at_once(tiny_checkpoint, tmp_path):
     finally:
         proc.terminate()
         proc.wait(30)
+
+
+def test_the_http_process_never_loads_torch(tiny_checkpoint):
+    """In process mode the model lives in the model processes: the server process plans the layout,
+    tokenises and serves HTTP without torch (about 250 MB of RSS it does not need)."""
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    proc = start_server(tiny_checkpoint, port, "--device", "auto")
+    try:
+        wait_ready(url, proc)
+        assert httpx.post(url + "/score", json={"query": "drill", "titles": ["a drill"]}, timeout=30).status_code == 200
+        maps = open(f"/proc/{proc.pid}/maps").read()
+        assert "libtorch" not in maps
+        assert any("libtorch" in open(f"/proc/{pid}/maps").read() for pid in model_pids(proc.pid))
+    finally:
+        proc.terminate()
+        proc.wait(30)

@@ -383,7 +383,7 @@ def test_health_info_metrics(server):
 def test_readiness_before_warmup_and_during_drain(tiny_checkpoint, monkeypatch):
     import threading
 
-    from service import runner
+    from service.runtime import runner
 
     gate = threading.Event()
     original = runner.load_model

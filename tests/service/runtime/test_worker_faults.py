@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from service.runtime.backend import LoadSpec, ModelError, ProcessDied
+from service.runtime.backend import LoadFailed, LoadSpec, ModelError, ProcessDied
 from service.runtime.backend import State as WorkerState
 from service.runtime.worker import RestartPolicy, Worker
 from tests.service.runtime.jobs import POISON
@@ -93,7 +93,7 @@ def test_a_crash_loop_backs_off_and_shows_in_liveness_until_it_ends(tiny_checkpo
     ckpt = tmp_path / "ckpt"
     shutil.copytree(tiny_checkpoint, ckpt)
     obs = Restarts()
-    policy = RestartPolicy(window_s=30, free=1, max_backoff_s=0.5, crash_loop=3)
+    policy = RestartPolicy(window_s=300, free=1, max_backoff_s=0.5, crash_loop=3)  # a window no slow run outlives
     w = Worker(LoadSpec(str(ckpt), warmup=False), observer=obs, restarts=policy)
 
     async def main():
@@ -142,3 +142,33 @@ def test_a_poison_pair_fails_alone_and_its_batch_mates_are_scored(tiny_checkpoin
     assert obs.failed == [reason]
     assert obs.split == [reason] * 3  # 8 -> 4 -> 2 -> 1: log2 of the batch
     assert len(obs.reasons) == (5 if fault == "dies" else 0)  # the batch twice, then one per split level
+
+
+class DiesWhileLoading:
+    """A backend whose model process dies while loading, every time (the replica's policy in isolation)."""
+
+    def __init__(self, index):
+        self.pid = None
+
+    def load(self):
+        raise LoadFailed("the model process exited while loading (exit code -9)", crashed=True)
+
+    def close(self):
+        pass
+
+
+def test_a_model_that_never_comes_up_fails_after_the_crash_loop_limit():
+    """A process killed while loading is restarted, but one that never once came up stops at the crash
+    loop's limit and fails its replica (and so the start: the server exits), instead of looping for ever."""
+    import queue
+
+    from service.runtime.backend import State
+    from service.runtime.replica import Replica
+
+    restarts = []
+    policy = RestartPolicy(window_s=30, free=1, max_backoff_s=0.05, crash_loop=3)
+    r = Replica(0, DiesWhileLoading, queue.Queue(), lambda: None, lambda d: None, restarts.append, policy)
+    r.thread.start()
+    r.thread.join(30)
+    assert not r.thread.is_alive() and r.state == State.FAILED and r.crash_looping
+    assert len(restarts) == 3 and "exited while loading" in r.error and "3 tries" in r.error
