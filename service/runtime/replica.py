@@ -134,7 +134,13 @@ class Replica:
             self.machine.advance(State.RESTARTING)
             with self._restarts_lock:
                 self._restarts.append(time.monotonic())
-            delay = self.policy.delay(self.recent_restarts())
+            tries = self.recent_restarts()  # launches so far, the first start's included
+            if not self._served and self.crash_looping:  # never up since the start: it will not come up
+                self.error = f"{detail} ({tries} tries)"
+                log.error("model process %d never came up: %s", self.index, self.error)
+                self.machine.advance(State.FAILED)
+                return False
+            delay = self.policy.delay(tries)
             log.error(
                 "model process %d %s (%s); restarting it%s",
                 self.index,
@@ -143,10 +149,6 @@ class Replica:
                 f" in {delay:g}s" if delay else "",
             )
             self._on_restart(reason)
-            if not self._served and self.crash_looping:  # never up since the start: it will not come up
-                self.error = f"{detail} ({self.recent_restarts()} tries)"
-                self.machine.advance(State.FAILED)
-                return False
             if delay and self.machine.wait_for(ENDING, delay) in ENDING:
                 return False
             try:
