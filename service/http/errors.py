@@ -113,13 +113,13 @@ def install(app: FastAPI) -> None:
     async def _service(_: Request, exc: ServiceError):
         return response_for(exc)
 
-    for cls, _kind in RUNTIME_ERRORS:
+    async def _runtime(_: Request, exc: Exception):
+        mapped = as_service_error(exc)
+        assert mapped is not None  # registered for the runtime's errors only
+        return response_for(mapped)
 
-        @app.exception_handler(cls)
-        async def _runtime(_: Request, exc: Exception):
-            mapped = as_service_error(exc)
-            assert mapped is not None
-            return response_for(mapped)
+    for cls, _ in RUNTIME_ERRORS:
+        app.add_exception_handler(cls, _runtime)
 
     @app.exception_handler(RequestValidationError)
     async def _validation(request: Request, exc: RequestValidationError):
