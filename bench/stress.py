@@ -168,6 +168,28 @@ async def slowloris(port: int, open_conns: list, stop: float, body_len: int = 40
         return
 
 
+SERVER_SERIES = (
+    "qtrel_inference_seconds_",
+    "qtrel_batch_pairs_",
+    "qtrel_tokenize_seconds_",
+    "qtrel_queue_seconds_",
+    "qtrel_dropped_pairs_total",
+    "qtrel_rejected_total",
+    "qtrel_pairs_total",
+)
+
+
+def scrape(srv: Server) -> dict[str, float]:
+    """The server's own counters (histogram sums and counts, no buckets) that explain where model time went."""
+    out: dict[str, float] = {}
+    for line in httpx.get(srv.url + "/metrics", timeout=5).text.splitlines():
+        if line.startswith("#") or "_bucket{" in line or not line.startswith(SERVER_SERIES):
+            continue
+        name, val = line.rsplit(" ", 1)
+        out[name] = float(val)
+    return out
+
+
 async def slow(a) -> dict:
     """Ordinary one-pair clients (aiohttp, this process) on a quiet server, then again beside slow-body
     connections and vanishing clients (bench/storm.py vanish, a process of its own, so that the client
@@ -191,6 +213,7 @@ async def slow(a) -> dict:
         async with aiohttp.ClientSession() as s:
             base = await asyncio.gather(*(ordinary(s, a.seconds / 2) for _ in range(4)))
             base_lat = [x for lat, _ in base for x in lat]
+            m_quiet = await asyncio.to_thread(scrape, srv)
             open_conns: list = []
             stop = time.monotonic() + a.seconds
             vanish = await asyncio.create_subprocess_exec(
@@ -212,6 +235,7 @@ async def slow(a) -> dict:
             for w in open_conns:
                 w.close()
             out, _ = await vanish.communicate()
+            m_end = await asyncio.to_thread(scrape, srv)
         dur_lat = [x for lat, _ in res for x in lat]
         statuses: dict = {}
         for _, st in res:
@@ -237,6 +261,8 @@ async def slow(a) -> dict:
             "rejected_disconnected": srv.metric("qtrel_rejected_total"),
             "queue_depth_after": srv.metric("qtrel_queue_depth"),
             "in_flight_after": srv.metric("qtrel_pairs_in_flight"),
+            "server_metrics_after_quiet_phase": m_quiet,
+            "server_metrics_during_attack": {k: round(v - m_quiet.get(k, 0.0), 4) for k, v in m_end.items()},
         }
     finally:
         srv.stop()
