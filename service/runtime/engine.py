@@ -153,6 +153,15 @@ class Engine:
         await asyncio.to_thread(self.worker.stop)
         self._tok_pool.shutdown(wait=False, cancel_futures=True)
 
+    def new_generation(self) -> int:
+        """A new model (or the same one again) was loaded: nothing scored before is served (the generation
+        is in every cache key) and the old entries are let go at once."""
+        self.generation += 1
+        self.cache.clear()
+        self.metrics.cache_bytes.set(0)
+        self.metrics.cache_entries.set(0)
+        return self.generation
+
     def describe(self) -> dict:
         """Everything /info shows: the model (once loaded), the runtime, the worker, the settings."""
         m = self.worker.info

@@ -128,6 +128,7 @@ def test_a_hit_is_what_the_forward_returned(tiny_checkpoint):
         assert forwarded(e) == n + 2 * len(set(pairs))
         assert sample(e, "qtrel_cache_bytes") == e.cache.bytes > 0
         assert e.describe()["cache"]["generation"] == 2
+        assert e.new_generation() == 3 and len(e.cache) == 0 == sample(e, "qtrel_cache_bytes")
         return miss, hit, fresh, again
 
     miss, hit, fresh, again = served(make_engine(tiny_checkpoint, cache_mb=1), body)
