@@ -36,7 +36,10 @@ def test_slow_bodies_do_not_hold_up_others_and_vanished_work_leaves_the_queue(ti
                 for _ in range(5):
                     async with httpx.AsyncClient(timeout=0.02) as gone:
                         try:
-                            await gone.post(srv.url + "/score", json={"query": "drill", "titles": ["drill"] * 500})
+                            await gone.post(
+                                srv.url + "/score",
+                                json={"query": "drill", "titles": [f"drill {i}" for i in range(500)]},
+                            )
                         except httpx.TimeoutException:
                             pass
             for w in writers:

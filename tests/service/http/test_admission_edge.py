@@ -18,7 +18,9 @@ def test_a_full_queue_refuses_before_reading_the_body(tiny_checkpoint):
 
         async def main():
             async with httpx.AsyncClient(timeout=60) as client:
-                held = asyncio.create_task(client.post(srv.url + "/score", json={"query": "q", "titles": ["t"] * 4}))
+                held = asyncio.create_task(
+                    client.post(srv.url + "/score", json={"query": "q", "titles": ["t1", "t2", "t3", "t4"]})
+                )
                 await asyncio.sleep(0.5)
                 # Not JSON at all: parsed, it would be a 400. Refused at the edge, it is a 429.
                 refused = await client.post(
