@@ -98,5 +98,8 @@ class Flights:
 
     def leave(self, flight: Flight) -> None:
         flight.waiters -= 1
-        if flight.waiters <= 0 and not flight.future.done():
+        if flight.future.done():
+            if not flight.future.cancelled():
+                flight.future.exception()  # a failure the leaving request saw: asyncio need not warn of it
+        elif flight.waiters <= 0:
             flight.future.cancel()  # nobody waits for it any more: the batcher drops it

@@ -199,3 +199,15 @@ def test_another_requests_deadline_is_not_ours(tiny_checkpoint):
         assert len(out.outputs) == 1 and forwarded(e) == 1
 
     served(make_engine(tiny_checkpoint, cache_mb=0, max_wait_ms=300), body)
+
+
+def test_pairs_past_their_deadline_leave_the_flight_table(tiny_checkpoint):
+    async def body(e: Engine):
+        with pytest.raises(DeadlineExceeded):
+            await e.score(["q"] * 3, ["a", "b", "c"], timeout_ms=20)
+        await asyncio.sleep(0)
+        assert len(e.flights) == 0 and forwarded(e) == 0
+        out = await e.score(["q"], ["a"])  # asked again: queued afresh, not joined to the failed flight
+        assert len(out.outputs) == 1 and forwarded(e) == 1
+
+    served(make_engine(tiny_checkpoint, cache_mb=0, max_wait_ms=300), body)
