@@ -84,7 +84,7 @@ class Replica:
 
     @property
     def crash_looping(self) -> bool:
-        return self.state == State.FAILED or self.recent_restarts() >= self.policy.crash_loop
+        return self.recent_restarts() >= self.policy.crash_loop
 
     def request_stop(self) -> None:
         self.machine.advance(State.STOPPING)

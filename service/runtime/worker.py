@@ -129,8 +129,9 @@ class Worker:
         return None if self.mode != "thread" or b is None else b.model  # type: ignore[attr-defined]
 
     def alive(self) -> bool:
-        """Liveness: a replica thread runs (or the model still loads) and no model process is in a crash loop."""
-        if any(r.crash_looping for r in self._replicas):
+        """Liveness: a replica thread runs (or the model still loads), no model process is in a crash loop
+        and none has failed for good."""
+        if any(r.crash_looping or r.state == State.FAILED for r in self._replicas):
             return False
         return any(r.thread.is_alive() for r in self._replicas) or self.state == State.LOADING
 

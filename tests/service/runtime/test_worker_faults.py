@@ -170,5 +170,5 @@ def test_a_model_that_never_comes_up_fails_after_the_crash_loop_limit():
     r = Replica(0, DiesWhileLoading, queue.Queue(), lambda: None, lambda d: None, restarts.append, policy)
     r.thread.start()
     r.thread.join(30)
-    assert not r.thread.is_alive() and r.state == State.FAILED and r.crash_looping
+    assert not r.thread.is_alive() and r.state == State.FAILED and r.crash_looping  # 3 restarts in the window
     assert len(restarts) == 2 and "exited while loading" in r.error and "3 tries" in r.error  # start + 2 restarts
