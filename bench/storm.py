@@ -277,7 +277,8 @@ async def goodput(a) -> dict:
     busy and few enough that nothing is refused. Then 4x as many, each retrying 50 ms after a 429 (harsher
     than following Retry-After): the pairs actually served against capacity, the accepted requests' p99,
     and what a 429 cost."""
-    srv = Server(a.model, "--max-queue-pairs", str(a.queue_pairs), "--max-pairs-per-request", "50")
+    # The cache off: the clients resend 32 bodies, and goodput is the model's, not the cache's.
+    srv = Server(a.model, "--max-queue-pairs", str(a.queue_pairs), "--max-pairs-per-request", "50", "--cache-mb", "0")
     try:
         srv.wait_ready()
         rng = random.Random(6)
