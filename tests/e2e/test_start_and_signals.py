@@ -70,7 +70,7 @@ def test_sighup_under_load_drops_nothing_and_the_server_serves_on(tiny_checkpoin
         assert httpx.get(url + "/health/ready", timeout=5).status_code == 200
     finally:
         proc.terminate()
-        proc.wait(30)
+        proc.wait(90)
 
 
 def test_a_kill_storm_fails_no_request_and_the_server_recovers(tiny_checkpoint):
@@ -79,7 +79,9 @@ def test_a_kill_storm_fails_no_request_and_the_server_recovers(tiny_checkpoint):
     within seconds of the storm both processes serve again and the server is ready and live."""
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    proc = start_server(tiny_checkpoint, port, "--replicas", "2", "--request-timeout-ms", "120000")
+    proc = start_server(
+        tiny_checkpoint, port, "--replicas", "2", "--request-timeout-ms", "120000", "--drain-timeout-s", "5"
+    )
     try:
         wait_ready(url, proc)
         titles = [t for _, t in read_pairs(6)]
@@ -124,7 +126,7 @@ def test_a_kill_storm_fails_no_request_and_the_server_recovers(tiny_checkpoint):
         assert httpx.get(url + "/health/live", timeout=5).status_code == 200
     finally:
         proc.terminate()
-        proc.wait(30)
+        proc.wait(90)
 
 
 def test_sighup_rereads_the_key_file_at_once(tiny_checkpoint, tmp_path):
@@ -149,7 +151,7 @@ def test_sighup_rereads_the_key_file_at_once(tiny_checkpoint, tmp_path):
         assert proc.poll() is None
     finally:
         proc.terminate()
-        proc.wait(30)
+        proc.wait(90)
 
 
 def test_the_http_process_never_loads_torch(tiny_checkpoint):
@@ -166,4 +168,4 @@ def test_the_http_process_never_loads_torch(tiny_checkpoint):
         assert any("libtorch" in open(f"/proc/{pid}/maps").read() for pid in model_pids(proc.pid))
     finally:
         proc.terminate()
-        proc.wait(30)
+        proc.wait(90)

@@ -45,19 +45,17 @@ def test_the_runtime_is_resolved_once_into_what_the_worker_loads(tmp_path):
     ],
 )
 def test_worker_layout(env, cores, want):
-    import torch
 
     from service.runtime.layout import resolve_layout
 
-    assert resolve_layout(Settings(**env), torch.device("cpu"), cores) == want
+    assert resolve_layout(Settings(**env), "cpu", cores) == want
 
 
 def test_worker_layout_on_cuda_is_one_process():
-    import torch
 
     from service.runtime.layout import resolve_layout
 
-    assert resolve_layout(Settings(), torch.device("cuda"), 16) == (1, 0)
+    assert resolve_layout(Settings(), "cuda", 16) == (1, 0)
 
 
 def test_cgroup_cpu_quota_is_read(tmp_path):

@@ -123,6 +123,7 @@ def test_a_poison_pair_fails_alone_and_its_batch_mates_are_scored(tiny_checkpoin
     spec = LoadSpec(str(tiny_checkpoint), warmup=False, fault_hook="tests.service.runtime.jobs:die_on_poison")
     w = Worker(spec, observer=obs)
     bad_id = POISON if fault == "dies" else 10**6
+    deaths = 5 if fault == "dies" else 0  # the batch twice, then one per split level
 
     async def main():
         w.start()
@@ -134,14 +135,15 @@ def test_a_poison_pair_fails_alone_and_its_batch_mates_are_scored(tiny_checkpoin
         assert isinstance(outs[5], ProcessDied if fault == "dies" else ModelError)
         got = [o.probs for i, o in enumerate(outs) if i != 5]
         assert all(abs(a - b) < 1e-5 for x, y in zip(got, want) for a, b in zip(x, y))
-        await until(lambda: w.state == WorkerState.READY)  # the last death's replacement
+        # The last death's replacement: its restart may be recorded only after the batch's answer.
+        await until(lambda: len(obs.reasons) == deaths and w.state == WorkerState.READY)
 
     asyncio.run(main())
     w.stop()
     reason = "process_died" if fault == "dies" else "error"
     assert obs.failed == [reason]
     assert obs.split == [reason] * 3  # 8 -> 4 -> 2 -> 1: log2 of the batch
-    assert len(obs.reasons) == (5 if fault == "dies" else 0)  # the batch twice, then one per split level
+    assert len(obs.reasons) == deaths
 
 
 class DiesWhileLoading:
