@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import sys
 
+from model.device import add_device_options
 from model.levels import MAX_BATCH_TOKENS
 
 
@@ -29,13 +30,7 @@ def add_score(sub) -> None:
         default="",
         help="prefix of the score columns (level, score, p_<label>), e.g. pred_ when the input has a level column",
     )
-    p.add_argument("--device", default="auto", help="cpu, cuda or auto (cuda when there is one)")
-    p.add_argument(
-        "--dtype",
-        default="auto",
-        choices=["auto", "float32", "bfloat16", "float16", "int8"],
-        help="auto: as `qtrel serve` (float16 on cuda; bfloat16 on CPUs with AVX512-BF16 or AMX, else float32)",
-    )
+    add_device_options(p)
     p.add_argument("--max-length", type=int, default=128, help="tokens per pair")
     p.add_argument("--max-batch-tokens", type=int, default=MAX_BATCH_TOKENS, help="padded tokens per forward pass")
     p.add_argument("--threads", type=int, default=0, help="torch intra-op threads (0: torch's default)")

@@ -7,6 +7,7 @@ import json
 import re
 import sys
 
+from model.device import add_device_options
 from model.levels import DEFAULT_LEVELS, MAX_BATCH_TOKENS
 
 
@@ -15,13 +16,7 @@ def add_eval(sub) -> None:
     p.add_argument("model_dir", help="qtrel checkpoint directory")
     p.add_argument("data_file", help="CSV or JSON lines with query, title and a graded label")
     _add_report_options(p)
-    p.add_argument("--device", default="auto", help="cpu, cuda or auto (cuda when there is one)")
-    p.add_argument(
-        "--dtype",
-        default="auto",
-        choices=["auto", "float32", "bfloat16", "float16", "int8"],
-        help="auto: as `qtrel serve` (float16 on cuda; bfloat16 on CPUs with AVX512-BF16 or AMX, else float32)",
-    )
+    add_device_options(p)
     p.add_argument("--max-length", type=int, default=128, help="tokens per pair (as in training)")
     p.add_argument("--max-batch-tokens", type=int, default=MAX_BATCH_TOKENS, help="padded tokens per forward pass")
     p.add_argument("--baseline-train", help="also fit the lexical baseline on this file and report it alongside")
