@@ -15,7 +15,9 @@ from tests.conftest import read_pairs
 from tests.service.conftest import free_port
 
 
-def start_server(model_dir, port, *extra):
+def start_server(model_dir, port, *extra, log=None):
+    """`qtrel serve` as a child process. Its output goes to a pipe (read by `wait_ready` or the caller), or,
+    for a long or chatty run, to the file `log`: a pipe nobody drains fills up and stalls the server."""
     env = {**os.environ, "QTREL_LOG_JSON": "true"}
     cmd = [
         sys.executable,
@@ -30,13 +32,14 @@ def start_server(model_dir, port, *extra):
         str(port),
         *extra,
     ]
-    return subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    out = open(log, "w") if log is not None else subprocess.PIPE  # noqa: SIM115 (the child holds it)
+    return subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT, text=True)
 
 
 def wait_ready(url, proc, timeout=60):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        assert proc.poll() is None, proc.stdout.read()
+        assert proc.poll() is None, proc.stdout.read() if proc.stdout else "exited"
         try:
             if httpx.get(url + "/health/ready", timeout=1).status_code == 200:
                 return

@@ -44,10 +44,12 @@ def test_a_checkpoint_that_cannot_load_ends_serve_with_its_reason(tiny_checkpoin
         assert "model failed to load" in last and "cannot read weights" in last, last
 
 
-def test_sighup_under_load_drops_nothing_and_the_server_serves_on(tiny_checkpoint):
+def test_sighup_under_load_drops_nothing_and_the_server_serves_on(tiny_checkpoint, tmp_path):
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    proc = start_server(tiny_checkpoint, port, "--max-batch-size", "2", "--request-timeout-ms", "120000")
+    proc = start_server(
+        tiny_checkpoint, port, "--max-batch-size", "2", "--request-timeout-ms", "120000", log=tmp_path / "server.log"
+    )
     try:
         wait_ready(url, proc)
         titles = [t for _, t in read_pairs(10)]
@@ -73,14 +75,22 @@ def test_sighup_under_load_drops_nothing_and_the_server_serves_on(tiny_checkpoin
         proc.wait(90)
 
 
-def test_a_kill_storm_fails_no_request_and_the_server_recovers(tiny_checkpoint):
+def test_a_kill_storm_fails_no_request_and_the_server_recovers(tiny_checkpoint, tmp_path):
     """Two model processes; under 8 clients, SIGKILL a random live model process every 0.4 s for 6 s
     (so that some kills land on a replacement still loading or warming up). No request fails, and
     within seconds of the storm both processes serve again and the server is ready and live."""
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     proc = start_server(
-        tiny_checkpoint, port, "--replicas", "2", "--request-timeout-ms", "120000", "--drain-timeout-s", "5"
+        tiny_checkpoint,
+        port,
+        "--replicas",
+        "2",
+        "--request-timeout-ms",
+        "120000",
+        "--drain-timeout-s",
+        "5",
+        log=tmp_path / "server.log",  # hundreds of request lines: a pipe would fill and stall the server
     )
     try:
         wait_ready(url, proc)
@@ -134,7 +144,7 @@ def test_sighup_rereads_the_key_file_at_once(tiny_checkpoint, tmp_path):
     keys.write_text("old-key-0123456789\n")
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    proc = start_server(tiny_checkpoint, port, "--api-keys-file", str(keys))
+    proc = start_server(tiny_checkpoint, port, "--api-keys-file", str(keys), log=tmp_path / "server.log")
     try:
         wait_ready(url, proc)
         body = {"query": "drill", "titles": ["a cordless drill"]}
@@ -154,12 +164,12 @@ def test_sighup_rereads_the_key_file_at_once(tiny_checkpoint, tmp_path):
         proc.wait(90)
 
 
-def test_the_http_process_never_loads_torch(tiny_checkpoint):
+def test_the_http_process_never_loads_torch(tiny_checkpoint, tmp_path):
     """In process mode the model lives in the model processes: the server process plans the layout,
     tokenises and serves HTTP without torch (about 250 MB of RSS it does not need)."""
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    proc = start_server(tiny_checkpoint, port, "--device", "auto")
+    proc = start_server(tiny_checkpoint, port, "--device", "auto", log=tmp_path / "server.log")
     try:
         wait_ready(url, proc)
         assert httpx.post(url + "/score", json={"query": "drill", "titles": ["a drill"]}, timeout=30).status_code == 200
