@@ -1,8 +1,10 @@
 """Post-hoc calibration variants of a checkpoint on dev, judged pairs and sampled negatives side by side.
 
-For each variant: RMSE on the 1..3 scale and NDCG@10 of the judged pairs, QWK of the level rule (cut
-points fitted on dev, and cross-fitted on halves of the queries), the share of each level, and how sampled
-negatives are graded (share at level 1-2, AUC judged vs negative). Logits are computed once per checkpoint.
+For each variant: RMSE on the 1..3 scale and NDCG@10 of the judged pairs (and RMSE after an isotonic map
+of the score, cross-fitted on halves of the queries), QWK of the level rule (cut points fitted on dev, and
+cross-fitted), the share of each level, how sampled negatives are graded (share at level 1 and 1-2, AUC
+judged vs negative) and the hand-written off-domain titles (tests/data/off_domain_titles.csv: how many at
+level 1 and 1-2, mean p(level 1)). Logits are computed once per checkpoint.
 
     python bench/calibration_variants.py model/default runs/v2 --out docs/bench/calibration_variants.json
 """
@@ -10,6 +12,7 @@ negatives are graded (share at level 1-2, AUC judged vs negative). Logits are co
 from __future__ import annotations
 
 import argparse
+import csv
 import json
 import sys
 from pathlib import Path
@@ -21,11 +24,18 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from model.data import read_labelled  # noqa: E402
 from model.relevance import RelevanceModel  # noqa: E402
 from model.scoring import LevelRule, fit_cuts, score_logits  # noqa: E402
-from model.train.calibrate import crossfit_qwk, fit_temperature, fit_vector_scaling  # noqa: E402
+from model.train.calibrate import crossfit_qwk, fit_temperature, fit_vector_scaling, isotonic_rmse  # noqa: E402
 from model.train.evaluate import metrics_of, negatives_report, score_dataset  # noqa: E402
 from model.train.negatives import sample_negatives  # noqa: E402
 
-DEV = Path(__file__).resolve().parent.parent.parent / "shared" / "data" / "homedepot" / "dev.csv"
+ROOT = Path(__file__).resolve().parent.parent
+DEV = ROOT.parent / "shared" / "data" / "homedepot" / "dev.csv"
+OFF_DOMAIN = ROOT / "tests" / "data" / "off_domain_titles.csv"
+
+
+def off_domain_pairs() -> list[tuple[str, str]]:
+    with OFF_DOMAIN.open(encoding="utf-8") as f:
+        return [(r["query"], r["title"]) for r in csv.DictReader(f)]
 
 
 def variants(judged: torch.Tensor, neg: torch.Tensor, y: torch.Tensor) -> dict[str, tuple[float, torch.Tensor]]:
@@ -45,6 +55,7 @@ def report(path: str, ds, negs, min_share: float) -> dict:
     model = RelevanceModel.load(path)
     judged = score_dataset(model, ds.examples).logits
     neg = score_dataset(model, negs).logits
+    off = model.encoded_logits(model.encode(off_domain_pairs()))
     y = torch.tensor(ds.labels)
     rows = {}
     for name, (t, b) in variants(judged, neg, y).items():
@@ -53,24 +64,36 @@ def report(path: str, ds, negs, min_share: float) -> dict:
         rule = LevelRule(cuts)
         sj = score_logits(judged / t + b, model.values, rule)
         sn = score_logits(neg / t + b, model.values, rule)
+        so = score_logits(off / t + b, model.values, rule)
         m = metrics_of(ds, sj)
+        iso = isotonic_rmse(ds, sj.expected, len(model.labels))
         rows[name] = {
             "temperature": round(t, 4),
             "bias": [round(x, 4) for x in b.tolist()],
             "cuts": [round(c, 4) for c in cuts],
             "rmse_relevance": m["rmse_relevance"],
+            "rmse_isotonic_crossfit": iso["rmse_isotonic_crossfit"],
             "ndcg@10": m["ndcg@10"],
             "qwk_cuts": m["qwk"],
             "qwk_crossfit": crossfit_qwk(ds, sj.expected, len(model.labels), min_share),
             "log_loss": torch.nn.functional.cross_entropy(judged / t + b, y).item(),
             "level_shares": (torch.bincount(sj.level, minlength=len(model.labels)) / len(ds)).tolist(),
             "negatives": negatives_report(ds, sj, negs, sn),
+            "off_domain": {
+                "n": len(so.level),
+                "level1": int((so.level == 0).sum()),
+                "level12": int((so.level <= 1).sum()),
+                "mean_p_level1": so.probs[:, 0].mean().item(),
+                "max_score": so.expected.max().item(),
+            },
         }
         r = rows[name]
         print(
-            f"{path:24s} {name:32s} rmse {r['rmse_relevance']:.4f} ndcg {r['ndcg@10']:.4f} "
-            f"qwk {r['qwk_cuts']:.4f} (x-fit {r['qwk_crossfit']:.4f}) neg12 {r['negatives']['level12_share']:.3f} "
-            f"auc {r['negatives']['auc']:.4f} shares {[round(x, 3) for x in r['level_shares']]}",
+            f"{path:24s} {name:32s} rmse {r['rmse_relevance']:.4f} (iso x-fit {r['rmse_isotonic_crossfit']:.4f}) "
+            f"ndcg {r['ndcg@10']:.4f} qwk {r['qwk_cuts']:.4f} (x-fit {r['qwk_crossfit']:.4f}) "
+            f"neg1 {r['negatives']['level1_share']:.3f} neg12 {r['negatives']['level12_share']:.3f} "
+            f"auc {r['negatives']['auc']:.4f} off1 {r['off_domain']['level1']}/{r['off_domain']['n']} "
+            f"p1 {r['off_domain']['mean_p_level1']:.2f} shares {[round(x, 3) for x in r['level_shares']]}",
             flush=True,
         )
     return rows

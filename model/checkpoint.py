@@ -209,3 +209,35 @@ def export_checkpoint(src: str | Path, out: str | Path, dtype: str = "float16", 
         module.cfg = replace(module.cfg, extra={**module.cfg.extra, "qtrel_model_id": model_id})
     save_checkpoint(module, PairTokenizer.from_dir(src), out, dtype=getattr(torch, dtype))
     return {"out": str(out), "dtype": dtype, "model_id": model_id}
+
+
+def average_checkpoints(paths: list[str | Path], out: str | Path, dtype: str = "float32") -> dict:
+    """`qtrel average`: the element-wise mean of the weights of several checkpoints of one architecture
+    (e.g. the last evaluations of one run, or seeds from one base): an ensemble's gain at one model's cost.
+    The config and tokenizer are the first checkpoint's; recalibrate the result (the level rule was fitted
+    on the first checkpoint's scores)."""
+    from model.tokenizer import PairTokenizer
+
+    if len(paths) < 2:
+        raise ValueError("averaging needs at least two checkpoints")
+    if dtype not in ("float32", "float16", "bfloat16"):
+        raise ValueError(f"dtype must be float32, float16 or bfloat16, got {dtype!r}")
+    module = load_module(paths[0])
+    first = load_config(Path(paths[0])).to_dict()
+    total = {k: v.detach().double().clone() for k, v in module.state_dict().items()}
+    for p in paths[1:]:
+        cfg = load_config(Path(p)).to_dict()
+        keys = ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "vocab_size")
+        differs = [k for k in (*keys, "id2label", "pruned_heads") if cfg.get(k) != first.get(k)]
+        if differs:
+            raise CheckpointError(f"{p} does not have the architecture of {paths[0]}: {', '.join(differs)} differ")
+        other = load_module(p).state_dict()
+        if other.keys() != total.keys() or any(other[k].shape != v.shape for k, v in total.items()):
+            raise CheckpointError(f"{p} does not have the tensors of {paths[0]} (pruned differently?)")
+        for k, v in other.items():
+            total[k] += v.double()
+    with torch.no_grad():
+        for k, v in module.state_dict().items():
+            v.copy_((total[k] / len(paths)).to(v.dtype))
+    save_checkpoint(module, PairTokenizer.from_dir(paths[0]), out, dtype=getattr(torch, dtype))
+    return {"out": str(out), "averaged": [str(p) for p in paths], "dtype": dtype}

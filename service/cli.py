@@ -220,6 +220,23 @@ def _cmd_export(a) -> int:
     return 0
 
 
+def _add_average(sub) -> None:
+    p = sub.add_parser("average", help="average the weights of checkpoints of one architecture into one")
+    p.add_argument("models", nargs="+", help="two or more checkpoint directories")
+    p.add_argument("--out", required=True, help="output directory")
+    p.add_argument("--dtype", choices=["float32", "float16", "bfloat16"], default="float32")
+
+
+def _cmd_average(a) -> int:
+    from model.checkpoint import average_checkpoints
+
+    try:
+        print(json.dumps(average_checkpoints(a.models, a.out, a.dtype)))
+    except ValueError as e:
+        return _fail(a, e)
+    return 0
+
+
 def _add_calibrate(sub) -> None:
     p = sub.add_parser(
         "calibrate", help="fit a temperature (log-loss) and the level cut points (QWK) on a held-out labelled file"
@@ -253,6 +270,7 @@ def main(argv: list[str] | None = None) -> int:
     _add_heads(sub)
     _add_prune(sub)
     _add_export(sub)
+    _add_average(sub)
     _add_calibrate(sub)
     _add_score(sub)
     a = parser.parse_args(argv)
@@ -269,6 +287,7 @@ def main(argv: list[str] | None = None) -> int:
             "heads": _cmd_heads,
             "prune": _cmd_prune,
             "export": _cmd_export,
+            "average": _cmd_average,
             "calibrate": _cmd_calibrate,
             "score": _cmd_score,
         }[a.command](a)

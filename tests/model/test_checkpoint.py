@@ -288,3 +288,29 @@ def test_a_built_head_saves_and_loads(encoder_only, tmp_path):
     save_checkpoint(module, tok, tmp_path / "with-head")
     model = RelevanceModel.load(tmp_path / "with-head")
     assert torch.equal(model.module.classifier.weight, module.classifier.weight)
+
+
+def test_averaged_weights_are_the_mean_and_load_as_a_checkpoint(tmp_path):
+    from model.checkpoint import average_checkpoints
+
+    a = make_tiny_checkpoint(tmp_path / "a", seed=1)
+    b = make_tiny_checkpoint(tmp_path / "b", seed=2)
+    report = average_checkpoints([a, b], tmp_path / "avg")
+    assert report["averaged"] == [str(a), str(b)]
+    sa, sb, avg = (load_module(p).state_dict() for p in (a, b, tmp_path / "avg"))
+    for k in sa:
+        torch.testing.assert_close(avg[k], (sa[k] + sb[k]) / 2)
+    pairs = [("cordless drill", "DEWALT drill"), ("deck screws", "garden hose")]
+    assert len(RelevanceModel.load(tmp_path / "avg").predict(pairs)) == 2
+
+
+def test_averaging_refuses_one_checkpoint_or_another_architecture(tmp_path):
+    from model.checkpoint import average_checkpoints
+
+    a = make_tiny_checkpoint(tmp_path / "a", seed=1)
+    wide = make_tiny_checkpoint(tmp_path / "wide", seed=2, intermediate_size=96)
+    with pytest.raises(ValueError, match="at least two"):
+        average_checkpoints([a], tmp_path / "out")
+    with pytest.raises(CheckpointError, match="intermediate_size"):
+        average_checkpoints([a, wide], tmp_path / "out")
+    assert not (tmp_path / "out").exists()
