@@ -85,12 +85,20 @@ def score_logits(logits: Tensor, values: Tensor, rule: LevelRule) -> ScoredBatch
 
 
 def fit_cuts(
-    expected: Sequence[float], y_true: Sequence[int], k: int, min_share: float = 0.0, rounds: int = 4
+    expected: Sequence[float],
+    y_true: Sequence[int],
+    k: int,
+    min_share: float = 0.0,
+    rounds: int = 4,
+    fixed: dict[int, float] | None = None,
 ) -> tuple[float, ...]:
     """Cut points on the expected level (values 1..k) maximising quadratic weighted kappa against the
     true class indices, with every level given to at least `min_share` of the pairs: start at the cut
     points that reproduce the true level shares, then coordinate ascent, each cut point searched over
-    quantiles of the observed values between its neighbours. Deterministic; ties keep the earlier cut."""
+    quantiles of the observed values between its neighbours. Deterministic; ties keep the earlier cut.
+    `fixed` pins cut points by index (e.g. the first, set from how unrelated titles score); the others
+    are fitted around them."""
+    fixed = dict(fixed or {})
     e = torch.tensor(expected, dtype=torch.float64)
     order = torch.sort(e).values
 
@@ -111,14 +119,22 @@ def fit_cuts(
     # whenever the truth is), then improve one cut point at a time.
     cum = torch.cumsum(row, 0)[:-1] / len(y)
     cuts = torch.quantile(order, cum.clamp(0, 1)).tolist()
+    for j, v in fixed.items():
+        cuts[j] = v
     for j in range(1, len(cuts)):  # ties in the scores: keep the cuts strictly increasing
-        cuts[j] = max(cuts[j], cuts[j - 1] + 1e-9)
+        if j not in fixed:
+            cuts[j] = max(cuts[j], cuts[j - 1] + 1e-9)
+    for j in range(len(cuts) - 2, -1, -1):  # and below a pinned one
+        if j not in fixed:
+            cuts[j] = min(cuts[j], cuts[j + 1] - 1e-9)
     best = qwk(cuts)
     # Candidate thresholds: 401 quantiles of the observed scores (plenty, and fast).
     grid = torch.quantile(order, torch.linspace(0, 1, 401, dtype=torch.float64)).unique().tolist()
     for _ in range(rounds):
         improved = False
         for j in range(k - 1):
+            if j in fixed:
+                continue
             lo = cuts[j - 1] if j else -float("inf")
             hi = cuts[j + 1] if j + 1 < k - 1 else float("inf")
             for g in grid:

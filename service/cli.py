@@ -251,12 +251,25 @@ def _add_calibrate(sub) -> None:
         help="also fit a bias per level (vector scaling): corrects the level prior, e.g. after negatives",
     )
     p.add_argument("--min-share", type=float, default=0.02, help="least share of pairs each level must be given")
+    p.add_argument(
+        "--unrelated",
+        type=float,
+        metavar="SHARE",
+        help="set the lowest level's cut point so that this share (e.g. 0.95) of unrelated titles "
+        "(sampled negatives of the data file) grade at level 1; the other cut points are fitted around it",
+    )
 
 
 def _cmd_calibrate(a) -> int:
     from model.train.calibrate import calibrate
 
-    print(json.dumps(calibrate(a.model, a.data, a.out, cuts=not a.no_cuts, min_share=a.min_share, bias=a.bias)))
+    try:
+        report = calibrate(
+            a.model, a.data, a.out, cuts=not a.no_cuts, min_share=a.min_share, bias=a.bias, unrelated=a.unrelated
+        )
+    except ValueError as e:
+        return _fail(a, e)
+    print(json.dumps(report))
     return 0
 
 

@@ -30,6 +30,7 @@ from model.scoring import LevelRule, fit_cuts, score_logits
 from model.tokenizer import PairTokenizer
 from model.train.evaluate import score_dataset
 from model.train.metrics import quadratic_kappa
+from model.train.negatives import sample_negatives
 
 
 def fit_temperature(logits: Tensor, labels: Tensor, lo: float = 0.05, hi: float = 20.0, iters: int = 60) -> float:
@@ -175,14 +176,16 @@ def set_level_rule(module: BertForRelevance, rule: LevelRule) -> None:
     module.cfg = replace(module.cfg, extra={**module.cfg.extra, **rule.to_extra()})
 
 
-def crossfit_qwk(ds: Dataset, expected: Tensor, k: int, min_share: float, seed: int = 0) -> float:
+def crossfit_qwk(
+    ds: Dataset, expected: Tensor, k: int, min_share: float, seed: int = 0, fixed: dict[int, float] | None = None
+) -> float:
     """QWK of cut points fitted on one half of the queries and applied to the other, both ways: an
     estimate of the level rule's kappa on unseen queries (fitting and scoring on the same pairs flatters it)."""
     a, b = query_halves(ds, seed)
     y = ds.labels
     pred = [0] * len(ds)
     for fit, apply in ((a, b), (b, a)):
-        cuts = fit_cuts([float(expected[i]) for i in fit], [y[i] for i in fit], k, min_share)
+        cuts = fit_cuts([float(expected[i]) for i in fit], [y[i] for i in fit], k, min_share, fixed=fixed)
         lv = LevelRule(cuts).levels(torch.empty(0), expected[apply])
         for i, v in zip(apply, lv.tolist()):
             pred[i] = v
@@ -196,14 +199,25 @@ def calibrate(
     cuts: bool = True,
     min_share: float = 0.02,
     bias: bool = False,
+    unrelated: float | None = None,
 ) -> dict:
     """Fit the temperature (with `bias`, also a bias per level: vector scaling) and, with `cuts`, the
-    level rule on `data_file`; write the checkpoint to `out`."""
+    level rule on `data_file`; write the checkpoint to `out`.
+
+    With `unrelated` (a share, e.g. 0.95), the first cut point is not fitted for kappa but set so that
+    that share of unrelated titles falls at the lowest level: sampled negatives of `data_file` (a quarter
+    as many as its pairs, titles of the file never judged for the query) are scored, and the cut is their
+    `unrelated` quantile. Judged candidates are mostly related, so kappa alone puts the cut low and an
+    unrelated title lands at level 2; the other cut points are then fitted around it."""
+    if unrelated is not None and not (0 < unrelated < 1 and cuts):
+        raise ValueError("--unrelated is a share in (0, 1) of the lowest level's cut point: it needs the cut points")
     module = load_module(model_dir)
     # float32 on cpu, not packed: the model scores with `module` itself, which is then folded and saved
     model = RelevanceModel(module, PairTokenizer.from_dir(model_dir), onednn=False, unpadded=False)
     ds = read_labelled(data_file, model.labels)
     logits = score_dataset(model, ds.examples).logits
+    negatives = sample_negatives(ds, 0.25, seed=0) if unrelated is not None else []
+    neg_logits = score_dataset(model, negatives).logits if negatives else None
     y = torch.tensor(ds.labels)
     if bias:
         t, b = fit_vector_scaling(logits, y)
@@ -228,7 +242,11 @@ def calibrate(
         k = len(model.labels)
         plain = score_logits(logits, model.values, LevelRule())  # argmax levels and the expected level
         expected = plain.expected
-        rule = LevelRule(fit_cuts(expected.tolist(), ds.labels, k, min_share))
+        fixed = None
+        if neg_logits is not None:
+            neg = score_logits(neg_logits / t + b, model.values, LevelRule()).expected
+            fixed = {0: float(torch.quantile(neg.double(), unrelated))}
+        rule = LevelRule(fit_cuts(expected.tolist(), ds.labels, k, min_share, fixed=fixed))
         set_level_rule(module, rule)
         argmax = plain.level.tolist()
         report.update(
@@ -236,8 +254,15 @@ def calibrate(
                 "level_cuts": list(rule.to_extra().values())[0],
                 "qwk_argmax": round(quadratic_kappa(ds.labels, argmax, k), 4),
                 "qwk_cuts": round(quadratic_kappa(ds.labels, rule.levels(torch.empty(0), expected).tolist(), k), 4),
-                "qwk_cuts_crossfit": round(crossfit_qwk(ds, expected, k, min_share), 4),
+                "qwk_cuts_crossfit": round(crossfit_qwk(ds, expected, k, min_share, fixed=fixed), 4),
             }
         )
+        if neg_logits is not None:
+            levels = rule.levels(torch.empty(0), expected)
+            report["unrelated"] = {
+                "negatives": len(negatives),
+                "negatives_at_level_1": round(float((rule.levels(torch.empty(0), neg) == 0).double().mean()), 4),
+                "judged_at_level_1": round(float((levels == 0).double().mean()), 4),
+            }
     save_checkpoint(module, model.tokenizer, out)
     return report

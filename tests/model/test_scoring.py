@@ -55,6 +55,19 @@ def test_fit_cuts_beats_midpoints_and_respects_min_share():
     assert (shares >= 0.02).all(), shares
 
 
+def test_fit_cuts_keeps_a_pinned_cut_and_fits_the_others_around_it():
+    rng = random.Random(1)
+    y = [rng.choice([0, 1, 2, 2, 3, 3, 3, 4, 4]) for _ in range(4000)]
+    e = [3.2 + 0.35 * (t - 2.5) + rng.gauss(0, 0.3) for t in y]
+    free = fit_cuts(e, y, 5, min_share=0.02)
+    pinned = fit_cuts(e, y, 5, min_share=0.02, fixed={0: free[0] + 0.2})
+    assert pinned[0] == free[0] + 0.2
+    assert all(a < b for a, b in zip(pinned, pinned[1:]))
+    # a pin above where the next cut was fitted pushes that one up rather than breaking the order
+    high = fit_cuts(e, y, 5, min_share=0.0, fixed={0: free[1] + 0.05})
+    assert high[0] == free[1] + 0.05 and all(a < b for a, b in zip(high, high[1:]))
+
+
 def test_level_rule_round_trips_through_save_and_load_and_is_applied(tiny_checkpoint, tmp_path):
     module = load_module(tiny_checkpoint)
     tok = PairTokenizer.from_dir(tiny_checkpoint)

@@ -54,6 +54,22 @@ def test_calibrate_fits_temperature_and_cut_points_in_one_checkpoint(tiny_checkp
     assert m.cfg.extra["qtrel_temperature"] == pytest.approx(report["temperature"], rel=1e-3)
 
 
+def test_calibrate_can_put_most_unrelated_titles_at_the_lowest_level(tiny_checkpoint, tmp_path):
+    from model.train.calibrate import calibrate
+    from tests.conftest import shared_data
+
+    data = tmp_path / "dev.csv"
+    with shared_data("homedepot", "dev.csv").open(encoding="utf-8") as f:
+        data.write_text("".join(line for _, line in zip(range(401), f)), encoding="utf-8")
+    report = calibrate(tiny_checkpoint, data, tmp_path / "cal", min_share=0.02, unrelated=0.9)
+    assert report["unrelated"]["negatives"] == 100
+    assert report["unrelated"]["negatives_at_level_1"] >= 0.89
+    with pytest.raises(ValueError, match="unrelated"):
+        calibrate(tiny_checkpoint, data, tmp_path / "bad", unrelated=1.5)
+    with pytest.raises(ValueError, match="unrelated"):
+        calibrate(tiny_checkpoint, data, tmp_path / "bad", cuts=False, unrelated=0.9)
+
+
 def test_isotonic_fit_pools_violators_and_is_the_least_squares_monotone_fit():
     xs, ys = fit_isotonic([1.0, 2.0, 3.0, 4.0, 5.0], [1.0, 3.0, 2.0, 4.0, 4.0])
     # (3, 2) pools into (2.5, 2.5); the two 4s into one block
