@@ -28,6 +28,10 @@ def add_eval(sub) -> None:
         "queries); 0: none",
     )
     p.add_argument("--seed", type=int, default=0, help="seed of the negatives")
+    p.add_argument(
+        "--reliability-png",
+        help="write a reliability diagram (predicted probability against observed frequency, per level) here",
+    )
 
 
 def add_baseline(sub) -> None:
@@ -69,7 +73,9 @@ def _label_options(a) -> tuple[list[str] | None, dict[str, str] | None]:
     return labels, {str(k): str(v) for k, v in label_map.items()}
 
 
-def _report(a, labels: list[str], results: dict, systems: dict, negatives: dict | None = None) -> int:
+def _report(
+    a, labels: list[str], results: dict, systems: dict, negatives: dict | None = None, notes: tuple[str, ...] = ()
+) -> int:
     """Print the text or JSON report and write the PNG; shared by eval and baseline."""
     from model.train.report import confusion_png, text_report
 
@@ -92,6 +98,8 @@ def _report(a, labels: list[str], results: dict, systems: dict, negatives: dict 
         print(f"{name}: " + ", ".join(f"{k}={v}" for k, v in meta.items()))
     if png:
         print(f"confusion matrix: {png}")
+    for line in notes:
+        print(line)
     return 0
 
 
@@ -142,7 +150,22 @@ def cmd_eval(a) -> int:
     if a.baseline_train:
         results["baseline"] = evaluate_baseline(baseline, ds)
         systems["baseline"] = baseline_meta
-    return _report(a, labels, results, systems, negatives)
+    notes: tuple[str, ...] = ()
+    if a.reliability_png:
+        from model.train.metrics import reliability
+        from model.train.report import reliability_png
+
+        per_level = reliability(judged.probs.tolist(), ds.labels)
+        results["model"]["ece_per_level"] = [round(lv["ece"], 4) for lv in per_level]
+        try:
+            reliability_png(per_level, labels, a.reliability_png, title=f"{a.model_dir} on {a.data_file}")
+        except ImportError:
+            return fail(a, "--reliability-png needs matplotlib (pip install 'qtrel[train]')")
+        except OSError as e:
+            return fail(a, f"cannot write {a.reliability_png}: {e}")
+        ece = ", ".join(f"{lab} {v:.3f}" for lab, v in zip(labels, results["model"]["ece_per_level"]))
+        notes = (f"reliability diagram: {a.reliability_png} (ECE per level: {ece})",)
+    return _report(a, labels, results, systems, negatives, notes)
 
 
 def cmd_baseline(a) -> int:

@@ -88,6 +88,30 @@ def mean_ndcg(queries: Sequence[str], y_true: Sequence[int], scores: Sequence[fl
     return sum(vals) / len(vals) if vals else 0.0
 
 
+def reliability(probs: Sequence[Sequence[float]], y_true: Sequence[int], bins: int = 10) -> list[dict]:
+    """Per level k: the pairs binned by predicted p(k) into `bins` equal-width bins, each bin's mean
+    predicted probability, observed frequency of level k and count; and the expected calibration error
+    (the count-weighted mean gap). A calibrated model's bins lie on the diagonal."""
+    k = len(probs[0]) if probs else 0
+    out = []
+    for c in range(k):
+        sums = [[0.0, 0.0, 0] for _ in range(bins)]
+        for p, y in zip(probs, y_true):
+            b = sums[min(int(p[c] * bins), bins - 1)]
+            b[0] += p[c]
+            b[1] += 1.0 if y == c else 0.0
+            b[2] += 1
+        rows = [
+            {"lo": i / bins, "hi": (i + 1) / bins, "predicted": s[0] / s[2], "observed": s[1] / s[2], "n": s[2]}
+            for i, s in enumerate(sums)
+            if s[2]
+        ]
+        n = sum(r["n"] for r in rows)
+        ece = sum(r["n"] * abs(r["predicted"] - r["observed"]) for r in rows) / n if n else 0.0
+        out.append({"bins": rows, "ece": ece})
+    return out
+
+
 def all_metrics(
     queries: Sequence[str],
     y_true: Sequence[int],

@@ -121,3 +121,32 @@ def confusion_png(results: Mapping[str, dict], labels: Sequence[str], path: str 
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=120)
     return path
+
+
+def reliability_png(per_level: Sequence[dict], labels: Sequence[str], path: str | Path, title: str = "") -> Path:
+    """The reliability diagram of `model.train.metrics.reliability`: one panel per level, predicted
+    probability against observed frequency, each bin a dot sized by its pairs; the diagonal is calibration."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(2.6 * len(labels) + 0.6, 3.2), layout="constrained")
+    FigureCanvasAgg(fig)
+    axes = fig.subplots(1, len(labels), squeeze=False)[0]
+    for ax, label, lv in zip(axes, labels, per_level):
+        xs = [b["predicted"] for b in lv["bins"]]
+        ys = [b["observed"] for b in lv["bins"]]
+        total = sum(b["n"] for b in lv["bins"]) or 1
+        ax.plot([0, 1], [0, 1], color="0.7", linewidth=1)
+        ax.plot(xs, ys, color="tab:blue", linewidth=1)
+        ax.scatter(xs, ys, s=[8 + 400 * b["n"] / total for b in lv["bins"]], color="tab:blue", zorder=3)
+        ax.set_xlim(0, 1)
+        ax.set_ylim(0, 1)
+        ax.set_xlabel(f"predicted p(level {label})")
+        ax.set_title(f"level {label}: ECE {lv['ece']:.3f}", fontsize=9)
+    axes[0].set_ylabel("observed frequency")
+    if title:
+        fig.suptitle(title, fontsize=10)
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    return path

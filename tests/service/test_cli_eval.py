@@ -49,6 +49,16 @@ def test_eval_json_has_every_metric_and_writes_a_png(tiny_checkpoint, files, cap
     assert png.read_bytes().startswith(PNG_MAGIC) and png.stat().st_size > 5000
 
 
+def test_eval_writes_a_reliability_diagram_and_ece_per_level(tiny_checkpoint, files, capsys, tmp_path):
+    png = tmp_path / "reliability.png"
+    rc, out, _ = _run(capsys, "eval", tiny_checkpoint, files["dev"], "--reliability-png", png)
+    assert rc == 0 and f"reliability diagram: {png}" in out
+    assert png.read_bytes().startswith(PNG_MAGIC) and png.stat().st_size > 5000
+    rc, out, _ = _run(capsys, "eval", tiny_checkpoint, files["dev"], "--json", "--reliability-png", png)
+    ece = json.loads(out)["results"]["model"]["ece_per_level"]
+    assert len(ece) == 5 and all(0 <= v <= 1 for v in ece)
+
+
 def test_eval_beside_the_baseline(tiny_checkpoint, files, capsys, tmp_path):
     rc, out, _ = _run(capsys, "eval", tiny_checkpoint, files["dev"], "--json", "--baseline-train", files["train"])
     assert rc == 0

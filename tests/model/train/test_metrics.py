@@ -163,3 +163,23 @@ def test_qwk_and_macro_f1_match_scikit_learn():
         want = sk.f1_score(y_true, y_pred, average="macro", zero_division=0)
         assert macro_f1(y_true, y_pred, k) == pytest.approx(want, abs=1e-9), trial
         assert accuracy(y_true, y_pred) == pytest.approx(sk.accuracy_score(y_true, y_pred)), trial
+
+
+def test_reliability_bins_predicted_against_observed_and_its_ece():
+    from model.train.metrics import reliability
+
+    rng = random.Random(0)
+    probs, ys = [], []
+    for _ in range(20000):  # calibrated by construction: y drawn from p
+        a = rng.random()
+        p = [a, 1 - a]
+        probs.append(p)
+        ys.append(0 if rng.random() < a else 1)
+    cal = reliability(probs, ys, bins=10)
+    assert len(cal) == 2 and cal[0]["ece"] < 0.02
+    assert sum(b["n"] for b in cal[0]["bins"]) == 20000
+    # overconfident: says 0.95 where the truth is 0.5
+    over = reliability([[0.95, 0.05]] * 1000, [0, 1] * 500, bins=10)
+    (b,) = over[0]["bins"]
+    assert (b["lo"], b["hi"], b["observed"], b["n"]) == (0.9, 1.0, 0.5, 1000)
+    assert b["predicted"] == pytest.approx(0.95) and over[0]["ece"] == pytest.approx(0.45)
