@@ -1,0 +1,108 @@
+"""Where to put the level-1 cut point: kappa on judged candidates against grading unrelated titles 1.
+
+For each calibration of a checkpoint's logits (temperature; vector scaling on the judged pairs; vector
+scaling with sampled negatives mixed in) and each way of setting the first cut point (fitted for kappa
+with the others, or pinned at the 90th / 95th percentile of sampled negatives' scores, as
+`qtrel calibrate --unrelated`), one line: RMSE on the 1..3 scale (and after a cross-fitted isotonic map),
+QWK, NDCG@10, the share of *other* sampled negatives (another seed) at level 1 and 1-2, their AUC, and the
+hand-written off-domain titles (tests/data/off_domain_titles.csv) at level 1 and 1-2 with their mean
+p(level 1). Logits are computed once per checkpoint.
+
+    python bench/level1_cut.py model/default runs/v3a/step-4722 --out docs/bench/level1_cut.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from model.data import read_labelled  # noqa: E402
+from model.relevance import RelevanceModel  # noqa: E402
+from model.scoring import LevelRule, fit_cuts, score_logits  # noqa: E402
+from model.train.calibrate import fit_temperature, fit_vector_scaling, isotonic_rmse  # noqa: E402
+from model.train.evaluate import metrics_of, negatives_report, score_dataset  # noqa: E402
+from model.train.negatives import sample_negatives  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+DEV = ROOT.parent / "shared" / "data" / "homedepot" / "dev.csv"
+OFF_DOMAIN = ROOT / "tests" / "data" / "off_domain_titles.csv"
+
+
+def sweep(path: str, ds, fit_negs, test_negs, off_pairs) -> list[dict]:
+    m = RelevanceModel.load(path)
+    judged = score_dataset(m, ds.examples).logits
+    neg = score_dataset(m, fit_negs).logits
+    test = score_dataset(m, test_negs).logits
+    off = m.encoded_logits(m.encode(off_pairs))
+    y = torch.tensor(ds.labels)
+    k = len(m.labels)
+    calibrations = {"temperature": (fit_temperature(judged, y), torch.zeros(k))}
+    calibrations["vector"] = fit_vector_scaling(judged, y)
+    both, yy = torch.cat([judged, neg]), torch.cat([y, torch.zeros(len(neg), dtype=torch.long)])
+    for w in (0.1, 0.3):
+        weights = torch.cat([torch.ones(len(judged)), torch.full((len(neg),), w)])
+        calibrations[f"vector+{w}neg"] = fit_vector_scaling(both, yy, weights)
+    rows = []
+    for name, (t, b) in calibrations.items():
+        plain_j = score_logits(judged / t + b, m.values, LevelRule())
+        plain_n = score_logits(neg / t + b, m.values, LevelRule())
+        for share in (None, 0.9, 0.95):
+            fixed = None if share is None else {0: float(torch.quantile(plain_n.expected.double(), share))}
+            rule = LevelRule(fit_cuts(plain_j.expected.tolist(), ds.labels, k, 0.02, fixed=fixed))
+            sj, sn, so = (score_logits(x / t + b, m.values, rule) for x in (judged, test, off))
+            mm = metrics_of(ds, sj)
+            negs = negatives_report(ds, sj, test_negs, sn)
+            row = {
+                "checkpoint": path,
+                "calibration": name,
+                "unrelated_share": share,
+                "cuts": [round(c, 4) for c in rule.cuts],
+                "rmse_relevance": mm["rmse_relevance"],
+                "rmse_isotonic_crossfit": isotonic_rmse(ds, sj.expected, k)["rmse_isotonic_crossfit"],
+                "qwk": mm["qwk"],
+                "ndcg@10": mm["ndcg@10"],
+                "negatives_level1": negs["level1_share"],
+                "negatives_level12": negs["level12_share"],
+                "auc": negs["auc"],
+                "off_domain_level1": int((so.level == 0).sum()),
+                "off_domain_level12": int((so.level <= 1).sum()),
+                "off_domain_p1": so.probs[:, 0].mean().item(),
+                "level_shares": (torch.bincount(sj.level, minlength=k) / len(sj.level)).tolist(),
+            }
+            rows.append(row)
+            print(
+                f"{path} {name:14s} share={share} rmse {row['rmse_relevance']:.4f} "
+                f"(iso {row['rmse_isotonic_crossfit']:.4f}) qwk {row['qwk']:.4f} ndcg {row['ndcg@10']:.4f} "
+                f"neg1 {row['negatives_level1']:.3f} neg12 {row['negatives_level12']:.3f} auc {row['auc']:.4f} "
+                f"off1 {row['off_domain_level1']} off12 {row['off_domain_level12']} p1 {row['off_domain_p1']:.2f}",
+                flush=True,
+            )
+    return rows
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("checkpoints", nargs="+")
+    ap.add_argument("--data", default=str(DEV))
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--out")
+    a = ap.parse_args()
+    torch.set_num_threads(a.threads)
+    ds = read_labelled(a.data, ["1", "2", "3", "4", "5"])
+    fit_negs, test_negs = sample_negatives(ds, 0.25, seed=0), sample_negatives(ds, 0.25, seed=1)
+    with OFF_DOMAIN.open(encoding="utf-8") as f:
+        off_pairs = [(r["query"], r["title"]) for r in csv.DictReader(f)]
+    rows = [r for p in a.checkpoints for r in sweep(p, ds, fit_negs, test_negs, off_pairs)]
+    if a.out:
+        Path(a.out).write_text(json.dumps({"data": a.data, "rows": rows}, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
