@@ -75,6 +75,16 @@ class Settings(BaseSettings):
         "Cache-Control: no-cache",
     )
 
+    # --- long documents ---
+    chunk_overlap: int = Field(
+        32,
+        ge=0,
+        le=512,
+        description="tokens that consecutive windows of a long document share, where a request asks for "
+        "windows (max_chunks on /score and /rerank, max_chunks_per_doc on /v1 and /v2/rerank) and names no "
+        "chunk_overlap; at most half a window is used",
+    )
+
     # --- admission and limits ---
     max_queue_pairs: int = Field(8192, ge=1, description="pairs accepted but not finished; beyond: 429")
     max_queue_tokens: int = Field(524288, ge=64, description="tokens accepted but not finished; beyond: 429")
