@@ -70,18 +70,24 @@ def score_pairs(
     max_batch_tokens: int = MAX_BATCH_TOKENS,
     prefix: str = "",
 ) -> Scores:
-    """Score columns of pairs in their order, forwarded in length-sorted batches; None rows stay empty."""
-    good = [i for i, p in enumerate(pairs) if p is not None]
+    """Score columns of pairs in their order, forwarded in length-sorted batches; None rows stay empty.
+    Each distinct pair is forwarded once and its row copied to its duplicates (the same numbers, bit for
+    bit: search logs repeat their popular pairs)."""
+    present = [(i, p) for i, p in enumerate(pairs) if p is not None]
+    good = [i for i, _ in present]
     values = np.full((len(pairs), 1 + len(model.labels)), np.nan, dtype=np.float32)
     level: list[str | None] = [None] * len(pairs)
+    distinct: dict[tuple[str, str], int] = {}
+    rows = [distinct.setdefault(p, len(distinct)) for _, p in present]  # per good row, its distinct pair
     if good:
-        enc = model.encode([p for p in pairs if p is not None])
+        enc = model.encode(list(distinct))
         s = model.score(model.encoded_logits(enc, max_batch_tokens))
-        values[good, 0] = s.expected.numpy()
-        values[good, 1:] = s.probs.numpy()
-        for i, lv in zip(good, s.level.tolist()):
-            level[i] = model.labels[lv]
-    return Scores(score_names(model.labels, prefix), level, values)
+        values[good, 0] = s.expected.numpy()[rows]
+        values[good, 1:] = s.probs.numpy()[rows]
+        levels = s.level.tolist()
+        for i, k in zip(good, rows):
+            level[i] = model.labels[levels[k]]
+    return Scores(score_names(model.labels, prefix), level, values, len(distinct))
 
 
 def _bad_rows(path: Path, chunk: Chunk, max_errors: int) -> DataError:
@@ -162,12 +168,14 @@ def score_file(
     if kept:
         log.info("%s holds %d complete rows (to the last whole chunk): going on from row %d", output, kept, kept + 1)
     bar = _Progress(progress, source.total, kept)
-    t0, scored, bad = time.perf_counter(), 0, 0
+    t0, scored, bad, forwarded = time.perf_counter(), 0, 0, 0
     try:
         for chunk in source.chunks(chunk_rows, skip=kept):
             if chunk.problems and not o.skip_bad:
                 raise _bad_rows(input, chunk, max_errors)
-            sink.write(chunk, score_pairs(model, chunk.pairs, o.max_batch_tokens, o.prefix))
+            scores = score_pairs(model, chunk.pairs, o.max_batch_tokens, o.prefix)
+            sink.write(chunk, scores)
+            forwarded += scores.forwarded
             scored += len(chunk) - len(chunk.problems)
             bad += len(chunk.problems)
             if chunk.problems:
@@ -190,6 +198,7 @@ def score_file(
         "scored": scored,
         "bad": bad,
         "kept": kept,
+        "forwarded": forwarded,  # distinct pairs of each chunk: the duplicates were copied, not scored
         "seconds": round(seconds, 3),
         "pairs_per_s": round((scored + bad) / max(seconds, 1e-9), 1),
     }

@@ -256,3 +256,28 @@ def test_real_pairs_equal_predict(model, tmp_path):
     assert_matches_predict(
         model, out, [{k.removeprefix("pred_"): v for k, v in o.items() if k != "level"} for o in out]
     )
+
+
+def test_each_distinct_pair_is_forwarded_once_and_duplicates_get_its_very_row(model, tmp_path, monkeypatch):
+    base = make_rows(20)
+    rows = [dict(r, id=f"{r['id']}-{k}") for k in range(3) for r in base] + [dict(base[4], id="last")]
+    distinct = list(dict.fromkeys((r["query"], r["title"]) for r in rows))
+    encoded: list[int] = []
+    encode = model.encode
+    monkeypatch.setattr(model, "encode", lambda pairs, *a: encoded.append(len(pairs)) or encode(pairs, *a))
+    summary = score_file(model, write_csv(tmp_path / "in.csv", rows), tmp_path / "out.csv", progress=False)
+    monkeypatch.undo()  # the real model throughout: only its pairs were counted
+    assert encoded == [len(distinct)] and summary["forwarded"] == len(distinct) < len(rows) == summary["rows"]
+    _, out = read_csv(tmp_path / "out.csv")
+    by_pair: dict[tuple[str, str], list[str]] = {}
+    for r in out:
+        by_pair.setdefault((r["query"], r["title"]), []).append(",".join(r[c] for c in SCORE_COLUMNS))
+    assert all(len(set(v)) == 1 for v in by_pair.values())  # a duplicate is written as the same text
+    assert_matches_predict(model, rows, out)
+    # the same numbers as a file of the distinct pairs alone: folding changes no score
+    once = [{"query": q, "title": t} for q, t in distinct]
+    score_file(model, write_csv(tmp_path / "once.csv", once), tmp_path / "once-out.csv", progress=False)
+    _, alone = read_csv(tmp_path / "once-out.csv")
+    assert {(r["query"], r["title"]): ",".join(r[c] for c in SCORE_COLUMNS) for r in alone} == {
+        k: v[0] for k, v in by_pair.items()
+    }
