@@ -90,8 +90,10 @@ def test_cohere_max_chunks_per_doc(srv, path, tiny_checkpoint):
         want = scored["results"][x["index"]]
         assert x["window"] == want["window"]
         assert x["relevance_score"] == pytest.approx((want["score"] - 1) / 4, abs=1e-12)
-    every = sum(len(x.text) and x.tokens + SPECIAL_TOKENS_IN_PAIR + 2 for x in by_hand(tiny_checkpoint, LONG, 32, 5))
-    assert got["meta"]["billed_units"]["input_tokens"] > every  # every window is billed, not only the best
+    query = len(PairTokenizer.from_dir(tiny_checkpoint).encode_texts([QUERY])[0])
+    windows = sum(w.tokens + query + SPECIAL_TOKENS_IN_PAIR for w in by_hand(tiny_checkpoint, LONG, 32, 5))
+    short = sum(r["tokens"] for r in scored["results"][1:])
+    assert got["meta"]["billed_units"]["input_tokens"] == windows + short  # every window is billed, not the best
     assert got["usage"]["total_tokens"] == got["meta"]["tokens"]["input_tokens"]
     plain = post(srv, path, {"query": QUERY, "documents": docs})
     assert all("window" not in x for x in plain["results"])  # off unless asked for
