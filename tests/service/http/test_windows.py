@@ -4,12 +4,14 @@ the same cache entry (the same bytes, no forward), and the document gets its bes
 
 from __future__ import annotations
 
+import asyncio
+
 import httpx
 import pytest
 
 from model.chunks import split
 from model.tokenizer import SPECIAL_TOKENS_IN_PAIR, PairTokenizer
-from tests.service.conftest import live_server
+from tests.service.conftest import live_server, run
 
 QUERY = "cordless drill"
 LONG = (
@@ -140,3 +142,27 @@ def test_windows_count_against_the_pairs_per_request(tiny_checkpoint):
         assert r.status_code == 413 and r.json()["error_type"] == "payload_too_large"
         assert "9 windows; at most 8 pairs" in r.json()["error"]  # LONG makes 3 windows
         assert s.metric("qtrel_batch_pairs_sum") == 3  # the same windows twice: forwarded once; the refused: none
+
+
+def test_windows_are_admitted_like_pairs_a_full_queue_is_429(tiny_checkpoint):
+    # A batch waits up to 1.5 s to fill: 4 admitted pairs hold 4 of the 6 places; LONG's 3 windows do not fit.
+    with live_server(
+        tiny_checkpoint, max_queue_pairs=6, max_pairs_per_request=6, max_wait_ms=1500, max_batch_size=64, cache_mb=0
+    ) as s:
+
+        async def main():
+            async with httpx.AsyncClient(timeout=60) as client:
+                held = asyncio.create_task(
+                    client.post(s.url + "/score", json={"query": "q", "titles": ["t1", "t2", "t3", "t4"]})
+                )
+                await asyncio.sleep(0.5)
+                body = {"query": QUERY, "documents": [LONG], "max_chunks_per_doc": 4}
+                refused = await client.post(s.url + "/v2/rerank", json=body)
+                return await held, refused
+
+        held, refused = run(main())
+        assert held.status_code == 200
+        assert refused.status_code == 429 and refused.json()["error_type"] == "overloaded", refused.text
+        assert int(refused.headers["retry-after"]) >= 1
+        again = httpx.post(s.url + "/v2/rerank", json={"query": QUERY, "documents": [LONG], "max_chunks_per_doc": 4})
+        assert again.status_code == 200 and again.json()["results"][0]["window"]["count"] == 3
