@@ -14,6 +14,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from model.levels import CHUNK_OVERLAP
+from model.tokenizer import SPECIAL_TOKENS_IN_PAIR, PairTokenizer
+
+__all__ = ["CHUNK_OVERLAP", "MIN_WINDOW", "Window", "best", "plan", "split", "split_pairs", "stride_of"]
+
 MIN_WINDOW = 8  # word pieces: a query that leaves less room than this is scored whole, without windows
 
 
@@ -88,3 +93,19 @@ def split(
 def best(scores: Sequence[float]) -> int:
     """The winning window: the highest score, the first of equals."""
     return max(range(len(scores)), key=lambda i: (scores[i], -i))
+
+
+def split_pairs(
+    tok: PairTokenizer, queries: list[str], titles: list[str], max_chunks: int, overlap: int
+) -> list[list[Window]]:
+    """Per pair, the windows of its title: as many pieces as the query leaves of the model's window."""
+    uniq = list(dict.fromkeys(queries))
+    room = {q: tok.max_length - SPECIAL_TOKENS_IN_PAIR - len(ids) for q, ids in zip(uniq, tok.encode_texts(uniq))}
+    out = []
+    for q, t, (offsets, words) in zip(queries, titles, tok.word_offsets(titles)):
+        size = room[q]
+        if size < MIN_WINDOW:  # a query this long is cut with its title as usual: no windows
+            out.append([Window(t, 0, len(t), len(offsets))])
+        else:
+            out.append(split(t, offsets, words, size, overlap, max_chunks))
+    return out

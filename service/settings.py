@@ -8,7 +8,7 @@ from typing import Literal
 from pydantic import Field, PrivateAttr, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from model.levels import MAX_BATCH_TOKENS
+from model.levels import CHUNK_OVERLAP, MAX_BATCH_TOKENS
 from service.keys import KeyRing, split_keys
 
 
@@ -77,7 +77,7 @@ class Settings(BaseSettings):
 
     # --- long documents ---
     chunk_overlap: int = Field(
-        32,
+        CHUNK_OVERLAP,
         ge=0,
         le=512,
         description="tokens that consecutive windows of a long document share, where a request asks for "

@@ -19,9 +19,9 @@ import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from functools import partial
 from typing import Any
 
+from model.chunks import split_pairs
 from model.tokenizer import EncodedPairs, PairCut
 from service.logs import request_id
 from service.metrics import Metrics
@@ -30,7 +30,7 @@ from service.runtime.batcher import Batcher, Closed, DeadlineExceeded, Overloade
 from service.runtime.cache import Cached, Key, ScoreCache, make_key
 from service.runtime.flight import Flight, Flights
 from service.runtime.layout import Runtime, package_version
-from service.runtime.windows import TooManyWindows, Windowed, WindowPick, flatten, reduce, split_documents
+from service.runtime.windows import TooManyWindows, Windowed, WindowPick, flatten, reduce
 from service.runtime.worker import ModelInfo, PairOutput, Worker
 from service.settings import Settings
 from service.tracing import Tracing
@@ -294,12 +294,11 @@ class Engine:
         (service.runtime.windows). The windows count against max_pairs_per_request."""
         self.require_ready()
         n = self.settings.chunk_overlap if overlap is None else overlap
-        work = partial(split_documents, self._model().tokenizer, queries, titles, max_chunks, n)
-        docs = (
-            work()
-            if len(titles) <= INLINE_PAIRS
-            else await asyncio.get_running_loop().run_in_executor(self._tok_pool, work)
-        )
+        args = (self._model().tokenizer, queries, titles, max_chunks, n)
+        if len(titles) <= INLINE_PAIRS:
+            docs = split_pairs(*args)
+        else:
+            docs = await asyncio.get_running_loop().run_in_executor(self._tok_pool, split_pairs, *args)
         if (windows := sum(map(len, docs))) > self.settings.max_pairs_per_request:
             raise TooManyWindows(windows, self.settings.max_pairs_per_request)
         s = await self.score(*flatten(queries, docs), **options)

@@ -1,5 +1,5 @@
 """Documents in windows for the engine (`Engine.score_windows`): each title longer than the model's window
-(what the query leaves of `max_length`) is split by `model.chunks` into at most `max_chunks` overlapping
+(what the query leaves of `max_length`) is split by `model.chunks.split_pairs` into at most `max_chunks` overlapping
 windows; every window is scored with its query as an ordinary pair (so windows share the batcher's token
 budget, the cache and single flight with everything else), and each document gets its best window's
 scores. No HTTP, no torch."""
@@ -8,8 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from model.chunks import MIN_WINDOW, Window, best, split
-from model.tokenizer import SPECIAL_TOKENS_IN_PAIR, PairTokenizer
+from model.chunks import Window, best
 from service.runtime.worker_api import PairOutput
 
 
@@ -39,22 +38,6 @@ class TooManyWindows(ValueError):
 
     def __init__(self, windows: int, limit: int):
         super().__init__(f"the documents make {windows} windows; at most {limit} pairs per request")
-
-
-def split_documents(
-    tok: PairTokenizer, queries: list[str], titles: list[str], max_chunks: int, overlap: int
-) -> list[list[Window]]:
-    """Per pair, the windows of its title: as many pieces as the query leaves of the model's window."""
-    uniq = list(dict.fromkeys(queries))
-    room = {q: tok.max_length - SPECIAL_TOKENS_IN_PAIR - len(ids) for q, ids in zip(uniq, tok.encode_texts(uniq))}
-    out = []
-    for q, t, (offsets, words) in zip(queries, titles, tok.word_offsets(titles)):
-        size = room[q]
-        if size < MIN_WINDOW:  # a query this long is cut with its title as usual: no windows
-            out.append([Window(t, 0, len(t), len(offsets))])
-        else:
-            out.append(split(t, offsets, words, size, overlap, max_chunks))
-    return out
 
 
 def flatten(queries: list[str], docs: list[list[Window]]) -> tuple[list[str], list[str]]:
