@@ -6,7 +6,8 @@ The split is on the tokenizer's own word pieces and their character offsets
 (`PairTokenizer.word_offsets`), so a window is a substring of the original text (`doc[start:end]`) that
 tokenises back to the same pieces, and a window never starts or ends inside a word (unless one word is
 longer than a window). A document that fits is left as it is: one window, the whole text, the very pair
-that would be scored without windows. Pure: no torch, no HTTP.
+that would be scored without windows. `split_pairs` applies it to pairs (the service's
+`Engine.score_windows` and `qtrel score --max-chunks` alike). No torch, no HTTP.
 """
 
 from __future__ import annotations
