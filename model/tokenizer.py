@@ -151,6 +151,15 @@ class PairTokenizer:
             return [self._tok.encode(t, add_special_tokens=False).ids for t in texts]
         return [e.ids for e in self._tok.encode_batch(list(texts), add_special_tokens=False)]
 
+    def word_offsets(self, texts: Sequence[str]) -> list[tuple[list[tuple[int, int]], list[int | None]]]:
+        """Per text, each word piece's character span in the original text and the index of its word
+        (`model.chunks` splits long titles into windows on them)."""
+        if len(texts) <= 4:
+            encs = [self._tok.encode(t, add_special_tokens=False) for t in texts]
+        else:
+            encs = self._tok.encode_batch(list(texts), add_special_tokens=False)
+        return [(list(e.offsets), list(e.word_ids)) for e in encs]
+
     def tokens(self, ids: Sequence[int]) -> list[str]:
         return [self._tok.id_to_token(i) or "[UNK]" for i in ids]
 

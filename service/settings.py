@@ -8,7 +8,7 @@ from typing import Literal
 from pydantic import Field, PrivateAttr, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from model.levels import MAX_BATCH_TOKENS
+from model.levels import CHUNK_OVERLAP, MAX_BATCH_TOKENS
 from service.keys import KeyRing, split_keys
 
 
@@ -73,6 +73,16 @@ class Settings(BaseSettings):
         description="MiB of memory for the pair-score cache (~530 bytes a pair of Home Depot texts: 64 MiB holds "
         "~120k pairs), shared by every scoring route; 0 turns it off. A request bypasses it with "
         "Cache-Control: no-cache",
+    )
+
+    # --- long documents ---
+    chunk_overlap: int = Field(
+        CHUNK_OVERLAP,
+        ge=0,
+        le=512,
+        description="tokens that consecutive windows of a long document share, where a request asks for "
+        "windows (max_chunks on /score and /rerank, max_chunks_per_doc on /v1 and /v2/rerank) and names no "
+        "chunk_overlap; at most half a window is used",
     )
 
     # --- admission and limits ---

@@ -7,7 +7,7 @@ import json
 import sys
 
 from model.device import add_device_options
-from model.levels import MAX_BATCH_TOKENS
+from model.levels import CHUNK_OVERLAP, MAX_BATCH_TOKENS
 
 
 def add_score(sub) -> None:
@@ -35,6 +35,16 @@ def add_score(sub) -> None:
     p.add_argument("--max-batch-tokens", type=int, default=MAX_BATCH_TOKENS, help="padded tokens per forward pass")
     p.add_argument("--threads", type=int, default=0, help="torch intra-op threads (0: torch's default)")
     p.add_argument("--chunk-rows", type=int, default=20000, help="rows read, scored and written at a time")
+    p.add_argument(
+        "--max-chunks",
+        type=int,
+        default=None,
+        help="score each title longer than the model's window in at most N overlapping windows of whole words and "
+        "give it its best window's scores; adds the columns window, windows, window_start, window_end",
+    )
+    p.add_argument(
+        "--chunk-overlap", type=int, default=CHUNK_OVERLAP, help="--max-chunks: word pieces consecutive windows share"
+    )
     p.add_argument(
         "--resume",
         action="store_true",
@@ -67,15 +77,17 @@ def cmd_score(a) -> int:
         model_dir = resolve_model(a.model)
     except FileNotFoundError as e:
         return _fail(e)
-    options = ScoreOptions(
-        query_column=a.query_column,
-        title_column=a.title_column,
-        prefix=a.prefix,
-        max_batch_tokens=a.max_batch_tokens,
-        skip_bad=a.skip_bad,
-        overwrite=a.overwrite,
-    )
     try:
+        options = ScoreOptions(
+            query_column=a.query_column,
+            title_column=a.title_column,
+            prefix=a.prefix,
+            max_batch_tokens=a.max_batch_tokens,
+            skip_bad=a.skip_bad,
+            overwrite=a.overwrite,
+            max_chunks=a.max_chunks,
+            chunk_overlap=a.chunk_overlap,
+        )
         if a.ray and a.resume:
             raise ValueError("--resume works on one machine only: a Ray run writes its output folder anew")
         if a.ray:

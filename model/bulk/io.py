@@ -49,6 +49,7 @@ class Scores:
     names: list[str]  # level, score, p_<label>...
     level: list[str | None]
     values: np.ndarray  # (n, 1 + levels) float32: expected level, then one probability per level
+    forwarded: int = 0  # pairs the model scored for them: each distinct pair once (with windows: each window)
 
 
 class Source(Protocol):

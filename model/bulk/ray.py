@@ -63,7 +63,8 @@ class RayScorer:
                     "to write such rows with empty scores"
                 )
             pairs.append(None if isinstance(p, str) else p)
-        return append_scores(batch, score_pairs(self.model, pairs, o.max_batch_tokens, o.prefix))
+        scores = score_pairs(self.model, pairs, o.max_batch_tokens, o.prefix, o.max_chunks, o.chunk_overlap)
+        return append_scores(batch, scores)
 
 
 def _read(ray, path: Path, kind: str, qc: str, tc: str):
@@ -130,7 +131,7 @@ def score_dataset_ray(
         raise ValueError(f"{output} exists and is not empty: remove it or pass --overwrite")
     if cluster.num_actors < 1 or cluster.batch_size < 1:
         raise ValueError("num_actors and batch_size must be at least 1")
-    names = score_names(load_config(Path(model_dir)).labels, options.prefix)
+    names = score_names(load_config(Path(model_dir)).labels, options.prefix, options.max_chunks is not None)
     if input.is_file() and kind != "jsonl":  # before a cluster starts: the header says it
         check_collision(names, SOURCES[kind](input, options.query_column, options.title_column).columns or [], input)
     if not ray.is_initialized():

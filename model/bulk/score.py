@@ -30,6 +30,7 @@ import numpy as np
 
 from model.bulk.io import Chunk, CsvSink, CsvSource, JsonlSink, JsonlSource, Scores, Sink, Source, format_of, parts_dir
 from model.bulk.parquet import ParquetSink, ParquetSource
+from model.chunks import CHUNK_OVERLAP, best, split_pairs
 from model.data import DataError
 from model.levels import MAX_BATCH_TOKENS
 from model.relevance import RelevanceModel
@@ -57,11 +58,24 @@ class ScoreOptions:
     max_batch_tokens: int = MAX_BATCH_TOKENS
     skip_bad: bool = False  # write bad rows with empty scores instead of stopping at their chunk
     overwrite: bool = False  # replace an existing output
+    max_chunks: int | None = None  # score each long title in at most this many windows (model.chunks)
+    chunk_overlap: int = CHUNK_OVERLAP  # word pieces consecutive windows share
+
+    def __post_init__(self) -> None:
+        if self.max_chunks is not None and self.max_chunks < 1:
+            raise ValueError(f"max_chunks must be at least 1, got {self.max_chunks}")
+        if self.chunk_overlap < 0:
+            raise ValueError(f"chunk_overlap must be at least 0, got {self.chunk_overlap}")
 
 
-def score_names(labels: Sequence[str], prefix: str = "") -> list[str]:
-    """Names of the score columns: level, score, then p_<label> for each level."""
-    return [f"{prefix}level", f"{prefix}score", *(f"{prefix}p_{lab}" for lab in labels)]
+# With windows: the winning window (0-based), the windows scored, the window's character span in the title
+WINDOW_COLUMNS = ("window", "windows", "window_start", "window_end")
+
+
+def score_names(labels: Sequence[str], prefix: str = "", windows: bool = False) -> list[str]:
+    """Names of the score columns: level, score, p_<label> for each level, then with windows WINDOW_COLUMNS."""
+    names = [f"{prefix}level", f"{prefix}score", *(f"{prefix}p_{lab}" for lab in labels)]
+    return names + [f"{prefix}{c}" for c in WINDOW_COLUMNS] if windows else names
 
 
 def score_pairs(
@@ -69,19 +83,41 @@ def score_pairs(
     pairs: Sequence[tuple[str, str] | None],
     max_batch_tokens: int = MAX_BATCH_TOKENS,
     prefix: str = "",
+    max_chunks: int | None = None,
+    chunk_overlap: int = CHUNK_OVERLAP,
 ) -> Scores:
-    """Score columns of pairs in their order, forwarded in length-sorted batches; None rows stay empty."""
-    good = [i for i, p in enumerate(pairs) if p is not None]
-    values = np.full((len(pairs), 1 + len(model.labels)), np.nan, dtype=np.float32)
+    """Score columns of pairs in their order, forwarded in length-sorted batches; None rows stay empty.
+    Each distinct pair is forwarded once and its row copied to its duplicates (the same numbers, bit for
+    bit: search logs repeat their popular pairs). With `max_chunks`, a title longer than the model's window
+    is scored in at most that many windows (`model.chunks.split_pairs`, as the service's `max_chunks`) and
+    gets its best window's scores and the WINDOW_COLUMNS."""
+    n_labels, windowed = len(model.labels), max_chunks is not None
+    present = [(i, p) for i, p in enumerate(pairs) if p is not None]
+    good = [i for i, _ in present]
+    values = np.full((len(pairs), 1 + n_labels + 4 * windowed), np.nan, dtype=np.float32)
     level: list[str | None] = [None] * len(pairs)
+    distinct: dict[tuple[str, str], int] = {}
+    rows = [distinct.setdefault(p, len(distinct)) for _, p in present]  # per good row, its distinct pair
+    todo = list(distinct)
+    if good and max_chunks is not None:
+        docs = split_pairs(model.tokenizer, [q for q, _ in todo], [t for _, t in todo], max_chunks, chunk_overlap)
+        windows: dict[tuple[str, str], int] = {}  # the distinct windows, forwarded once each
+        at = [[windows.setdefault((q, w.text), len(windows)) for w in ws] for (q, _), ws in zip(todo, docs)]
+        todo = list(windows)
     if good:
-        enc = model.encode([p for p in pairs if p is not None])
-        s = model.score(model.encoded_logits(enc, max_batch_tokens))
-        values[good, 0] = s.expected.numpy()
-        values[good, 1:] = s.probs.numpy()
-        for i, lv in zip(good, s.level.tolist()):
-            level[i] = model.labels[lv]
-    return Scores(score_names(model.labels, prefix), level, values)
+        s = model.score(model.encoded_logits(model.encode(todo), max_batch_tokens))
+        expected, probs, levels = s.expected.numpy(), s.probs.numpy(), s.level.tolist()
+        if max_chunks is not None:
+            pick = [best(expected[r].tolist()) for r in at]
+            won = [r[k] for r, k in zip(at, pick)]  # per distinct pair, its best window
+            expected, probs, levels = expected[won], probs[won], [levels[j] for j in won]
+            spans = [[k, len(ws), ws[k].start, ws[k].end] for k, ws in zip(pick, docs)]
+            values[good, 1 + n_labels :] = np.array(spans, dtype=np.float32)[rows]
+        values[good, 0] = expected[rows]
+        values[good, 1 : 1 + n_labels] = probs[rows]
+        for i, k in zip(good, rows):
+            level[i] = model.labels[levels[k]]
+    return Scores(score_names(model.labels, prefix, windowed), level, values, len(todo) if good else 0)
 
 
 def _bad_rows(path: Path, chunk: Chunk, max_errors: int) -> DataError:
@@ -157,17 +193,20 @@ def score_file(
         output.unlink(missing_ok=True)
         shutil.rmtree(parts_dir(output), ignore_errors=True)
     source = SOURCES[kind](input, o.query_column, o.title_column)
-    sink = SINKS[kind](output, source, score_names(model.labels, o.prefix), resume, chunk_rows)
+    names = score_names(model.labels, o.prefix, o.max_chunks is not None)
+    sink = SINKS[kind](output, source, names, resume, chunk_rows)
     kept = sink.rows_done
     if kept:
         log.info("%s holds %d complete rows (to the last whole chunk): going on from row %d", output, kept, kept + 1)
     bar = _Progress(progress, source.total, kept)
-    t0, scored, bad = time.perf_counter(), 0, 0
+    t0, scored, bad, forwarded = time.perf_counter(), 0, 0, 0
     try:
         for chunk in source.chunks(chunk_rows, skip=kept):
             if chunk.problems and not o.skip_bad:
                 raise _bad_rows(input, chunk, max_errors)
-            sink.write(chunk, score_pairs(model, chunk.pairs, o.max_batch_tokens, o.prefix))
+            scores = score_pairs(model, chunk.pairs, o.max_batch_tokens, o.prefix, o.max_chunks, o.chunk_overlap)
+            sink.write(chunk, scores)
+            forwarded += scores.forwarded
             scored += len(chunk) - len(chunk.problems)
             bad += len(chunk.problems)
             if chunk.problems:
@@ -190,6 +229,7 @@ def score_file(
         "scored": scored,
         "bad": bad,
         "kept": kept,
+        "forwarded": forwarded,  # distinct pairs of each chunk: the duplicates were copied, not scored
         "seconds": round(seconds, 3),
         "pairs_per_s": round((scored + bad) / max(seconds, 1e-9), 1),
     }

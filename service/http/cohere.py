@@ -19,9 +19,20 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, model_validator
 
 from model.levels import unit_score
-from service.http.deps import EngineDep, MetricsDep, SettingsDep, TimeoutHeader
-from service.http.routes import ERRORS, score_watched
-from service.http.schemas import PAIRS, AtLeastOne, Text, limited
+from service.http.deps import EngineDep, MetricsDep, SettingsDep, TimeoutHeader, UseCacheDep
+from service.http.routes import ERRORS, score_watched, window_of
+from service.http.schemas import (
+    MAX_CHUNKS,
+    OVERLAP,
+    PAIRS,
+    AtLeastOne,
+    Overlap,
+    Text,
+    WindowResult,
+    check_windows,
+    limited,
+)
+from service.runtime.engine import Windowed
 
 router = APIRouter(tags=["rerank (Cohere, Jina)"])
 
@@ -41,8 +52,8 @@ class Document(BaseModel):
 
 
 class CompatRerankRequest(BaseModel):
-    """Cohere's rerank request. Other fields Cohere's SDK sends (rank_fields, max_chunks_per_doc,
-    relevant_spans, priority, ...) are accepted and ignored."""
+    """Cohere's rerank request. Other fields Cohere's SDK sends (rank_fields, relevant_spans, priority, ...)
+    are accepted and ignored."""
 
     model_config = ConfigDict(
         extra="ignore",
@@ -55,7 +66,8 @@ class CompatRerankRequest(BaseModel):
                     "top_n": 1,
                     "return_documents": True,
                 }
-            ]
+            ],
+            "dependentRequired": {"chunk_overlap": ["max_chunks_per_doc"]},
         },
     )
     model: str | None = Field(None, description=MODEL_NOTE)
@@ -70,9 +82,12 @@ class CompatRerankRequest(BaseModel):
         description="accepted; not applied: a pair is cut to the model's max_length tokens (only the "
         "title is cut, see /tokenize)",
     )
+    max_chunks_per_doc: AtLeastOne | None = Field(None, description=MAX_CHUNKS.replace("title", "document"))
+    chunk_overlap: Overlap | None = Field(None, description=OVERLAP + " (qtrel's, not Cohere's)")
 
     @model_validator(mode="after")
     def _not_blank(self) -> CompatRerankRequest:
+        check_windows(self.max_chunks_per_doc, self.chunk_overlap, "max_chunks_per_doc")
         if not self.query.strip():
             raise ValueError("query is empty or whitespace")
         for i, t in enumerate(self.texts()):
@@ -92,6 +107,9 @@ class CompatRerankResult(BaseModel):
     index: int = Field(description="position of the document in the request")
     relevance_score: float = Field(description=RELEVANCE)
     document: RerankDocument | None = Field(None, description="only with return_documents")
+    window: WindowResult | None = Field(
+        None, description="with max_chunks_per_doc: the window whose score this is (qtrel's, not Cohere's)"
+    )
 
 
 class CompatRerankResponse(BaseModel):
@@ -112,19 +130,33 @@ async def rerank(
     settings: SettingsDep,
     metrics: MetricsDep,
     timeout_ms: int | None,
+    use_cache: bool,
 ) -> JSONResponse:
     texts = body.texts()
-    scored = await score_watched(request, engine, settings, metrics, [body.query] * len(texts), texts, timeout_ms)
+    scored = await score_watched(
+        request,
+        engine,
+        settings,
+        metrics,
+        [body.query] * len(texts),
+        texts,
+        timeout_ms,
+        body.max_chunks_per_doc,
+        body.chunk_overlap,
+        use_cache=use_cache,
+    )
     results: list[dict[str, Any]] = []
     for i, out in enumerate(scored.outputs):
         r: dict[str, Any] = {"index": i, "relevance_score": unit_score(out.expected, scored.labels)}
         if body.return_documents:
             r["document"] = {"text": texts[i]}
+        if (w := window_of(scored, i)) is not None:
+            r["window"] = w
         results.append(r)
     results.sort(key=lambda r: -r["relevance_score"])  # stable: ties keep the request's order
     if body.top_n is not None:
         results = results[: body.top_n]
-    tokens = sum(scored.lengths)
+    tokens = scored.tokens if isinstance(scored, Windowed) else sum(scored.lengths)  # with windows: every window's
     meta = {
         "api_version": {"version": version},
         "billed_units": {"search_units": math.ceil(len(texts) / 100), "input_tokens": tokens},
@@ -154,9 +186,10 @@ async def rerank_v1(
     engine: EngineDep,
     settings: SettingsDep,
     metrics: MetricsDep,
+    use_cache: UseCacheDep,
     timeout_ms: TimeoutHeader = None,
 ):
-    return await rerank("1", body, request, engine, settings, metrics, timeout_ms)
+    return await rerank("1", body, request, engine, settings, metrics, timeout_ms, use_cache)
 
 
 @router.post("/v2/rerank", response_model=CompatRerankResponse, responses=ERRORS, description=DESCRIPTION)
@@ -166,9 +199,10 @@ async def rerank_v2(
     engine: EngineDep,
     settings: SettingsDep,
     metrics: MetricsDep,
+    use_cache: UseCacheDep,
     timeout_ms: TimeoutHeader = None,
 ):
-    return await rerank("2", body, request, engine, settings, metrics, timeout_ms)
+    return await rerank("2", body, request, engine, settings, metrics, timeout_ms, use_cache)
 
 
 # --- /tokenize ---------------------------------------------------------------------------------

@@ -37,6 +37,21 @@ TimeoutHeader = Annotated[
     Annotated[int, Field(gt=0, le=3_600_000)] | SkipJsonSchema[None], Header(alias="X-Request-Timeout-Ms")
 ]
 
+NO_CACHE = (
+    "`no-cache` (among other directives, case-insensitive): score the pairs afresh, past the pair-score cache "
+    "(the fresh scores are cached); anything else, or no header: answer from the cache where it holds a pair"
+)
+
+
+async def use_cache(
+    cache_control: Annotated[str | SkipJsonSchema[None], Header(alias="Cache-Control", description=NO_CACHE)] = None,
+) -> bool:
+    """False when the request says `Cache-Control: no-cache`: its pairs are scored afresh (and cached)."""
+    return cache_control is None or "no-cache" not in (d.strip().lower() for d in cache_control.split(","))
+
+
+UseCacheDep = Annotated[bool, Depends(use_cache)]  # every scoring route takes it: the schema states the header
+
 
 _bearer = HTTPBearer(auto_error=False, description="an API key (settings api_keys, api_keys_file)")
 

@@ -22,6 +22,7 @@ from service.runtime.engine import (
     InputTooLong,
     NotReady,
     Overloaded,
+    TooManyWindows,
 )
 
 log = logging.getLogger("qtrel.errors")
@@ -51,6 +52,7 @@ RUNTIME_ERRORS: tuple[tuple[type[Exception], ErrorKind], ...] = (
     (NotReady, ErrorKind.NOT_READY),
     (DeadlineExceeded, ErrorKind.TIMEOUT),
     (InputTooLong, ErrorKind.TOO_LARGE),
+    (TooManyWindows, ErrorKind.TOO_LARGE),
     (InferenceFailed, ErrorKind.BACKEND),
     (BackendError, ErrorKind.BACKEND),
 )

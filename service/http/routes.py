@@ -11,7 +11,7 @@ from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse, PlainTextResponse
 
 from service.errors import ErrorKind, ServiceError
-from service.http.deps import EngineDep, MetricsDep, SettingsDep, TimeoutHeader
+from service.http.deps import EngineDep, MetricsDep, SettingsDep, TimeoutHeader, UseCacheDep
 from service.http.schemas import (
     ErrorBody,
     Info,
@@ -24,7 +24,7 @@ from service.http.schemas import (
 )
 from service.logs import keep_private
 from service.metrics import Metrics
-from service.runtime.engine import Engine, NotReady, Scored
+from service.runtime.engine import Engine, NotReady, Scored, Windowed, WindowPick
 from service.settings import Settings
 
 router = APIRouter()  # scoring and /info: protected by an API key when keys are set (app.PROTECTED_ROUTERS)
@@ -63,15 +63,31 @@ def check_limits(s: Settings, queries: list[str], titles: list[str]) -> None:
 
 
 async def score_watched(
-    request: Request, engine: Engine, settings: Settings, metrics: Metrics, queries, titles, timeout_ms, **kw
-) -> Scored:
-    """Score, dropping the work the moment the client disconnects: its queued pairs never reach the
-    model. A client already gone costs no tokenisation."""
+    request: Request,
+    engine: Engine,
+    settings: Settings,
+    metrics: Metrics,
+    queries,
+    titles,
+    timeout_ms,
+    max_chunks: int | None = None,
+    chunk_overlap: int | None = None,
+    **kw,
+) -> Scored | Windowed:
+    """Score (each long title in at most `max_chunks` windows, when given), dropping the work the moment the
+    client disconnects: its queued pairs never reach the model. A client already gone costs no tokenisation."""
     check_limits(settings, queries, titles)
     gone = asyncio.ensure_future(disconnected(request))
     await asyncio.sleep(0)  # let it see a hang-up that came with the body
-    kw["use_cache"] = wants_cached(request)
-    task = None if gone.done() else asyncio.ensure_future(engine.score(queries, titles, timeout_ms=timeout_ms, **kw))
+    task: asyncio.Future[Any] | None = None  # of a Scored, or a Windowed with max_chunks
+    if gone.done():
+        task = None
+    elif max_chunks is None:
+        task = asyncio.ensure_future(engine.score(queries, titles, timeout_ms=timeout_ms, **kw))
+    else:
+        task = asyncio.ensure_future(
+            engine.score_windows(queries, titles, max_chunks, chunk_overlap, timeout_ms=timeout_ms, **kw)
+        )
     try:
         if task is not None:
             await asyncio.wait({task, gone}, return_when=asyncio.FIRST_COMPLETED)
@@ -85,10 +101,12 @@ async def score_watched(
     raise ServiceError(ErrorKind.CLIENT_CLOSED, "client closed the connection")
 
 
-def wants_cached(request: Request) -> bool:
-    """False when the request says `Cache-Control: no-cache`: its pairs are scored afresh (and cached)."""
-    value = request.headers.get("cache-control")
-    return value is None or "no-cache" not in (d.strip().lower() for d in value.split(","))
+def window_of(scored: Scored | Windowed, i: int) -> dict[str, Any] | None:
+    """The window whose scores document i got (`WindowResult`), where the request asked for windows."""
+    if not isinstance(scored, Windowed):
+        return None
+    p: WindowPick = scored.picks[i]
+    return {"index": p.index, "count": p.count, "start": p.start, "end": p.end}
 
 
 async def disconnected(request: Request) -> None:
@@ -104,12 +122,23 @@ async def score(
     engine: EngineDep,
     settings: SettingsDep,
     metrics: MetricsDep,
+    use_cache: UseCacheDep,
     timeout_ms: TimeoutHeader = None,
 ):
     """Grade each (query, title) pair: level, expected-level score, probabilities per level."""
     queries, titles = body.as_pairs()
     scored = await score_watched(
-        request, engine, settings, metrics, queries, titles, timeout_ms, truncation=body.truncation
+        request,
+        engine,
+        settings,
+        metrics,
+        queries,
+        titles,
+        timeout_ms,
+        body.max_chunks,
+        body.chunk_overlap,
+        truncation=body.truncation,
+        use_cache=use_cache,
     )
     labels = scored.labels
     results = []
@@ -123,6 +152,8 @@ async def score(
         }
         if body.return_probs:
             r["probs"] = dict(zip(labels, out.probs))
+        if (w := window_of(scored, i)) is not None:
+            r["window"] = w
         results.append(r)
     if body.top_n is not None:
         results = sorted(results, key=lambda r: -r["score"])[: body.top_n]
@@ -141,6 +172,7 @@ async def predict(
     engine: EngineDep,
     settings: SettingsDep,
     metrics: MetricsDep,
+    use_cache: UseCacheDep,
     timeout_ms: TimeoutHeader = None,
 ):
     """TEI-compatible: per input, every level with its probability (or logit with raw_scores), best first."""
@@ -155,6 +187,7 @@ async def predict(
         timeout_ms,
         side=body.truncation_direction.lower(),
         allow_truncation=bool(body.truncate),
+        use_cache=use_cache,
     )
     labels = scored.labels
     out = []
@@ -172,6 +205,7 @@ async def rerank(
     engine: EngineDep,
     settings: SettingsDep,
     metrics: MetricsDep,
+    use_cache: UseCacheDep,
     timeout_ms: TimeoutHeader = None,
 ):
     """TEI-compatible: texts ranked for the query by expected level, best first."""
@@ -183,14 +217,19 @@ async def rerank(
         [body.query] * len(body.texts),
         body.texts,
         timeout_ms,
+        body.max_chunks,
+        body.chunk_overlap,
         side=body.truncation_direction.lower(),
         allow_truncation=bool(body.truncate),
+        use_cache=use_cache,
     )
     ranks = []
     for i, o in enumerate(scored.outputs):
         r: dict[str, Any] = {"index": i, "score": o.expected}
         if body.return_text:
             r["text"] = body.texts[i]
+        if (w := window_of(scored, i)) is not None:
+            r["window"] = w
         ranks.append(r)
     return JSONResponse(sorted(ranks, key=lambda r: -r["score"]))
 

@@ -51,6 +51,27 @@ WholeInt = Annotated[StrictInt, BeforeValidator(_integral)]
 # The bound before the validator, so that the schema of an optional one states it
 AtLeastOne = Annotated[StrictInt, Field(ge=1), BeforeValidator(_integral)]
 
+# Long documents in windows (service/runtime/windows.py): off unless a request gives a number of windows.
+Overlap = Annotated[StrictInt, Field(ge=0, le=512), BeforeValidator(_integral)]
+MAX_CHUNKS = (
+    "split each title longer than the model's window (what the query leaves of max_length) into at most this "
+    "many overlapping windows of whole words, score each with the query and give the title its best window's "
+    "scores; every window counts as a pair against max_pairs_per_request. Absent: titles are truncated"
+)
+OVERLAP = "tokens consecutive windows share (default: the chunk_overlap setting; at most half a window is used)"
+
+
+def check_windows(max_chunks: int | None, overlap: int | None, name: str = "max_chunks") -> None:
+    if overlap is not None and max_chunks is None:
+        raise ValueError(f"chunk_overlap applies to windows: give {name} too")
+
+
+class WindowResult(BaseModel):
+    index: int = Field(description="the winning window, 0-based in document order")
+    count: int = Field(description="windows the document was scored in (1: it fitted in one)")
+    start: int = Field(description="the window's character span in the document: text[start:end]")
+    end: int
+
 
 def one_of(single: tuple[str, ...], listed: str) -> list[JsonValue]:
     """The schema of "`single`'s fields, or `listed`, never both" (the validators' rule)."""
@@ -84,6 +105,7 @@ class ScoreRequest(BaseModel):
         json_schema_extra={
             "examples": [{"query": "cordless drill", "titles": ["DEWALT 20V MAX Cordless Drill", "Garden hose 50 ft"]}],
             "oneOf": one_of(("query", "titles"), "pairs"),
+            "dependentRequired": {"chunk_overlap": ["max_chunks"]},
         },
     )
     query: Text | Absent = None
@@ -92,9 +114,12 @@ class ScoreRequest(BaseModel):
     truncation: Literal["only_second", "longest_first"] = "only_second"
     return_probs: StrictBool = True
     top_n: AtLeastOne | None = Field(None, description="return only the best n, sorted by score")
+    max_chunks: AtLeastOne | None = Field(None, description=MAX_CHUNKS)
+    chunk_overlap: Overlap | None = Field(None, description=OVERLAP)
 
     @model_validator(mode="after")
     def _one_form(self) -> ScoreRequest:
+        check_windows(self.max_chunks, self.chunk_overlap)
         if self.pairs is not None:
             if self.query is not None or self.titles is not None:
                 raise ValueError("give either `query` + `titles` or `pairs`, not both")
@@ -121,6 +146,7 @@ class ScoreResult(BaseModel):
     probs: dict[str, float] | None = Field(None, description="probability per level")
     tokens: int = Field(description="tokens the pair used, special tokens included")
     truncated: bool
+    window: WindowResult | None = Field(None, description="with max_chunks: the window whose scores these are")
 
 
 class ScoreResponse(BaseModel):
@@ -173,16 +199,21 @@ class Prediction(BaseModel):
 
 
 class RerankRequest(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(
+        extra="ignore", json_schema_extra={"dependentRequired": {"chunk_overlap": ["max_chunks"]}}
+    )
     query: Text
     texts: Titles
     raw_scores: StrictBool = False
     return_text: StrictBool = False
     truncate: StrictBool | None = False
     truncation_direction: Direction = "Right"
+    max_chunks: AtLeastOne | None = Field(None, description=MAX_CHUNKS + " (qtrel's, not TEI's)")
+    chunk_overlap: Overlap | None = Field(None, description=OVERLAP)
 
     @model_validator(mode="after")
     def _texts(self) -> RerankRequest:
+        check_windows(self.max_chunks, self.chunk_overlap)
         _blank([self.query], "query")
         _blank(self.texts, "text")
         return self
@@ -192,6 +223,7 @@ class Rank(BaseModel):
     index: int
     score: float = Field(description="expected level (or its logit-based value with raw_scores)")
     text: str | None = None
+    window: WindowResult | None = Field(None, description="with max_chunks: the window whose score this is")
 
 
 class ErrorBody(BaseModel):

@@ -21,6 +21,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
+from model.chunks import split_pairs
 from model.tokenizer import EncodedPairs, PairCut
 from service.logs import request_id
 from service.metrics import Metrics
@@ -29,6 +30,7 @@ from service.runtime.batcher import Batcher, Closed, DeadlineExceeded, Overloade
 from service.runtime.cache import Cached, Key, ScoreCache, make_key
 from service.runtime.flight import Flight, Flights
 from service.runtime.layout import Runtime, package_version
+from service.runtime.windows import TooManyWindows, Windowed, WindowPick, flatten, reduce
 from service.runtime.worker import ModelInfo, PairOutput, Worker
 from service.settings import Settings
 from service.tracing import Tracing
@@ -44,6 +46,9 @@ __all__ = [  # the errors HTTP maps (service.http.errors), with the engine's own
     "Overloaded",
     "Scored",
     "Tokenized",
+    "TooManyWindows",
+    "WindowPick",
+    "Windowed",
 ]
 
 log = logging.getLogger("qtrel.engine")
@@ -280,6 +285,24 @@ class Engine:
             model.labels,
             model.name,
         )
+
+    async def score_windows(
+        self, queries: list[str], titles: list[str], max_chunks: int, overlap: int | None = None, **options
+    ) -> Windowed:
+        """`score`, each title longer than the model's window split into at most `max_chunks` windows that
+        share `overlap` tokens (default: the chunk_overlap setting); a title gets its best window's scores
+        (service.runtime.windows). The windows count against max_pairs_per_request."""
+        self.require_ready()
+        n = self.settings.chunk_overlap if overlap is None else overlap
+        args = (self._model().tokenizer, queries, titles, max_chunks, n)
+        if len(titles) <= INLINE_PAIRS:
+            docs = split_pairs(*args)
+        else:
+            docs = await asyncio.get_running_loop().run_in_executor(self._tok_pool, split_pairs, *args)
+        if (windows := sum(map(len, docs))) > self.settings.max_pairs_per_request:
+            raise TooManyWindows(windows, self.settings.max_pairs_per_request)
+        s = await self.score(*flatten(queries, docs), **options)
+        return reduce(s.outputs, s.lengths, s.truncated, docs, s.labels, s.model)
 
     async def _encode(
         self, model: ModelInfo, queries: list[str], titles: list[str], truncation: str, side: str

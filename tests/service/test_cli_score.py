@@ -97,3 +97,17 @@ def test_score_and_eval_take_the_servers_auto_dtype(tiny_checkpoint):
     assert parser["score"].parse_args(["in.csv", "--out", "o.csv"]).dtype == "auto"
     assert parser["eval"].parse_args(["m", "dev.csv"]).dtype == "auto"
     assert RelevanceModel.load(tiny_checkpoint, dtype="auto").dtype == resolve_dtype("auto", torch.device("cpu"))
+
+
+def test_score_max_chunks_adds_the_window_columns_and_refuses_a_bad_value(tiny_checkpoint, tmp_path, capsys):
+    src, out = _write(tmp_path / "in.csv", PAIRS[:3]), tmp_path / "out.csv"
+    base = ["score", src, "--out", out, "--model", tiny_checkpoint, "--query-column", "search", "--title-column",
+            "product", "--prefix", "pred_", "--no-progress", "--dtype", "float32"]  # fmt: skip
+    rc, stdout, err = _run(capsys, *base, "--max-chunks", "3", "--chunk-overlap", "4")
+    assert rc == 0, err
+    assert json.loads(stdout)["forwarded"] == 3  # short titles: one window each
+    with out.open(encoding="utf-8", newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert [r["pred_windows"] for r in rows] == ["1.0"] * 3 and [r["pred_window"] for r in rows] == ["0.0"] * 3
+    rc, _, err = _run(capsys, *base, "--overwrite", "--max-chunks", "0")
+    assert rc != 0 and "max_chunks must be at least 1" in err

@@ -256,3 +256,55 @@ def test_real_pairs_equal_predict(model, tmp_path):
     assert_matches_predict(
         model, out, [{k.removeprefix("pred_"): v for k, v in o.items() if k != "level"} for o in out]
     )
+
+
+def test_each_distinct_pair_is_forwarded_once_and_duplicates_get_its_very_row(model, tmp_path, monkeypatch):
+    base = make_rows(20)
+    rows = [dict(r, id=f"{r['id']}-{k}") for k in range(3) for r in base] + [dict(base[4], id="last")]
+    distinct = list(dict.fromkeys((r["query"], r["title"]) for r in rows))
+    encoded: list[int] = []
+    encode = model.encode
+    monkeypatch.setattr(model, "encode", lambda pairs, *a: encoded.append(len(pairs)) or encode(pairs, *a))
+    summary = score_file(model, write_csv(tmp_path / "in.csv", rows), tmp_path / "out.csv", progress=False)
+    monkeypatch.undo()  # the real model throughout: only its pairs were counted
+    assert encoded == [len(distinct)] and summary["forwarded"] == len(distinct) < len(rows) == summary["rows"]
+    _, out = read_csv(tmp_path / "out.csv")
+    by_pair: dict[tuple[str, str], list[str]] = {}
+    for r in out:
+        by_pair.setdefault((r["query"], r["title"]), []).append(",".join(r[c] for c in SCORE_COLUMNS))
+    assert all(len(set(v)) == 1 for v in by_pair.values())  # a duplicate is written as the same text
+    assert_matches_predict(model, rows, out)
+    # the same numbers as a file of the distinct pairs alone: folding changes no score
+    once = [{"query": q, "title": t} for q, t in distinct]
+    score_file(model, write_csv(tmp_path / "once.csv", once), tmp_path / "once-out.csv", progress=False)
+    _, alone = read_csv(tmp_path / "once-out.csv")
+    assert {(r["query"], r["title"]): ",".join(r[c] for c in SCORE_COLUMNS) for r in alone} == {
+        k: v[0] for k, v in by_pair.items()
+    }
+
+
+def test_max_chunks_scores_long_titles_in_windows_and_names_the_best(model, tmp_path):
+    from model.chunks import split_pairs
+
+    long = ", ".join(f"{w} {i}" for i, w in enumerate(WORDS * 8))  # ~300 word pieces
+    rows = [{"query": "cordless drill", "title": long}, {"query": "rope", "title": "rope 50 ft"}]
+    rows.append(dict(rows[0]))  # a duplicate: its windows are forwarded once
+    out_path = tmp_path / "out.csv"
+    options = ScoreOptions(max_chunks=5, chunk_overlap=8)
+    summary = score_file(model, write_csv(tmp_path / "in.csv", rows), out_path, options, progress=False)
+    columns, out = read_csv(out_path)
+    assert columns[-4:] == ["window", "windows", "window_start", "window_end"]
+    (windows, short) = split_pairs(model.tokenizer, ["cordless drill", "rope"], [long, "rope 50 ft"], 5, 8)
+    assert len(windows) == 5 and len(short) == 1 and summary["forwarded"] == 6  # 5 windows + 1, not 11
+    by_hand = model.predict([("cordless drill", w.text) for w in windows])
+    k = max(range(5), key=lambda i: (by_hand[i].score, -i))
+    for r in (out[0], out[2]):
+        assert [float(r[c]) for c in columns[-4:]] == [k, 5, windows[k].start, windows[k].end]
+        assert long[int(float(r["window_start"])) : int(float(r["window_end"]))] == windows[k].text
+        assert float(r["score"]) == pytest.approx(by_hand[k].score, abs=1e-5)
+        assert r["level"] == by_hand[k].level
+    assert out[0] == out[2]
+    assert [float(out[1][c]) for c in columns[-4:]] == [0, 1, 0, len("rope 50 ft")]
+    assert float(out[1]["score"]) == pytest.approx(model.predict([("rope", "rope 50 ft")])[0].score, abs=1e-5)
+    with pytest.raises(ValueError, match="max_chunks"):
+        ScoreOptions(max_chunks=0)

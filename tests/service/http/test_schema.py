@@ -154,6 +154,10 @@ AGREE = [
     ("/score", {"query": "q", "titles": ["t"], "top_n": 2.0}, True),  # JSON Schema's integer holds 2.0
     ("/score", {"query": "q", "titles": ["t"], "top_n": 2.5}, False),
     ("/score", {"query": "q", "titles": ["t"], "top_n": "2"}, False),
+    ("/score", {"query": "q", "titles": ["t"], "max_chunks": 2, "chunk_overlap": 4}, True),
+    ("/score", {"query": "q", "titles": ["t"], "chunk_overlap": 4}, False),  # windows need max_chunks
+    ("/score", {"query": "q", "titles": ["t"], "max_chunks": 0}, False),
+    ("/score", {"query": "q", "titles": ["t"], "max_chunks": 1, "chunk_overlap": 513}, False),
     ("/predict", {"inputs": ["q", "t"]}, True),
     ("/predict", {"inputs": [["q", "t"]], "truncation_direction": "Left"}, True),
     ("/predict", {"inputs": []}, False),
@@ -163,6 +167,11 @@ AGREE = [
     ("/predict", {"inputs": [["q", "t"]], "truncation_direction": "Up"}, False),
     ("/rerank", {"query": "q", "texts": ["t", "u"]}, True),
     ("/rerank", {"query": "q", "texts": []}, False),
+    ("/rerank", {"query": "q", "texts": ["t"], "max_chunks": 3}, True),
+    ("/rerank", {"query": "q", "texts": ["t"], "chunk_overlap": 3}, False),
+    ("/v1/rerank", {"query": "q", "documents": ["t"], "max_chunks_per_doc": 3, "chunk_overlap": 0}, True),
+    ("/v2/rerank", {"query": "q", "documents": ["t"], "chunk_overlap": 3}, False),
+    ("/v2/rerank", {"query": "q", "documents": ["t"], "max_chunks_per_doc": 0}, False),
     ("/v1/rerank", {"query": "q", "documents": ["t", {"text": "u", "id": 7}], "model": "x"}, True),
     ("/v1/rerank", {"query": "q", "documents": [{"text": "\n"}]}, False),
     ("/v2/rerank", {"query": "q", "documents": ["t"], "top_n": 1.0, "max_tokens_per_doc": 24872.0}, True),
@@ -194,3 +203,18 @@ def test_the_timeout_header_is_an_integer_never_null(limited_server, spec):
     for value, status in (("5000", 200), ("null", 422), ("0", 422)):
         r = httpx.post(limited_server.url + "/score", json=body, headers={"X-Request-Timeout-Ms": value})
         assert r.status_code == status, (value, r.text)
+
+
+def test_every_scoring_route_states_the_cache_control_header(limited_server, spec):
+    for path in ROUTES[:5]:
+        (header,) = [p for p in spec["paths"][path]["post"]["parameters"] if p["name"] == "Cache-Control"]
+        assert header["in"] == "header" and not header.get("required"), path
+        assert header["schema"]["type"] == "string" and "anyOf" not in header["schema"]  # no null: a header has none
+        assert "no-cache" in header["description"]
+    body = at_limit("/score", pairs=1)
+    forwarded = limited_server.metric("qtrel_batch_pairs_sum")
+    for value, fresh in (("no-cache", 1), ("max-age=0, No-Cache", 1), ("max-age=60", 0), ("", 0)):
+        r = httpx.post(limited_server.url + "/score", json=body, headers={"Cache-Control": value})
+        assert r.status_code == 200, (value, r.text)
+        assert limited_server.metric("qtrel_batch_pairs_sum") - forwarded == fresh, value
+        forwarded += fresh

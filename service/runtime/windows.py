@@ -1,0 +1,72 @@
+"""Documents in windows for the engine (`Engine.score_windows`): each title longer than the model's window
+(what the query leaves of `max_length`) is split by `model.chunks.split_pairs` into at most `max_chunks` overlapping
+windows; every window is scored with its query as an ordinary pair (so windows share the batcher's token
+budget, the cache and single flight with everything else), and each document gets its best window's
+scores. No HTTP, no torch."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from model.chunks import Window, best
+from service.runtime.worker_api import PairOutput
+
+
+@dataclass(frozen=True, slots=True)
+class WindowPick:
+    """Which window of a document won, and where it lies in the document."""
+
+    index: int  # 0-based, in document order
+    count: int  # windows the document was scored in (1: it fitted)
+    start: int  # the window's character span in the document: document[start:end]
+    end: int
+
+
+@dataclass
+class Windowed:
+    outputs: list[PairOutput]  # per document, its best window's scores
+    lengths: list[int]  # per document, its best window's tokens (special tokens included)
+    truncated: list[bool]
+    picks: list[WindowPick]
+    tokens: int  # tokens of every window scored (what the request cost)
+    labels: list[str]
+    model: str
+
+
+class TooManyWindows(ValueError):
+    """The request's documents make more windows than a request may hold pairs."""
+
+    def __init__(self, windows: int, limit: int):
+        super().__init__(f"the documents make {windows} windows; at most {limit} pairs per request")
+
+
+def flatten(queries: list[str], docs: list[list[Window]]) -> tuple[list[str], list[str]]:
+    """The pairs to score: each window with its document's query, documents in order."""
+    qs, ts = [], []
+    for q, windows in zip(queries, docs):
+        qs += [q] * len(windows)
+        ts += [w.text for w in windows]
+    return qs, ts
+
+
+def reduce(
+    outputs: list[PairOutput],
+    lengths: list[int],
+    truncated: list[bool],
+    docs: list[list[Window]],
+    labels: list[str],
+    model: str,
+) -> Windowed:
+    """Each document's best window (the highest expected level, the first of equals), from the windows'
+    scores in `flatten`'s order."""
+    res = Windowed([], [], [], [], sum(lengths), labels, model)
+    i = 0
+    for windows in docs:
+        n = len(windows)
+        k = best([o.expected for o in outputs[i : i + n]])
+        res.outputs.append(outputs[i + k])
+        res.lengths.append(lengths[i + k])
+        res.truncated.append(truncated[i + k])
+        res.picks.append(WindowPick(k, n, windows[k].start, windows[k].end))
+        i += n
+    return res
