@@ -243,7 +243,7 @@ def calibrate(
         plain = score_logits(logits, model.values, LevelRule())  # argmax levels and the expected level
         expected = plain.expected
         fixed = None
-        if neg_logits is not None:
+        if neg_logits is not None and unrelated is not None:
             neg = score_logits(neg_logits / t + b, model.values, LevelRule()).expected
             fixed = {0: float(torch.quantile(neg.double(), unrelated))}
         rule = LevelRule(fit_cuts(expected.tolist(), ds.labels, k, min_share, fixed=fixed))
@@ -257,7 +257,7 @@ def calibrate(
                 "qwk_cuts_crossfit": round(crossfit_qwk(ds, expected, k, min_share, fixed=fixed), 4),
             }
         )
-        if neg_logits is not None:
+        if fixed is not None:
             levels = rule.levels(torch.empty(0), expected)
             report["unrelated"] = {
                 "negatives": len(negatives),
