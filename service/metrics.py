@@ -107,6 +107,16 @@ class Metrics:
         for where in ("request", "in_flight"):
             self.folded.labels(where)
         self.ready = Gauge("qtrel_ready", "1 when the model is loaded, warmed up and not draining", registry=r)
+        self.model_reloads = Counter(
+            "qtrel_model_reloads",
+            "Model reloads (SIGHUP or the admin route), by model and result: ok, or failed (the checkpoint "
+            "did not load or warm up; the loaded model kept serving)",
+            ["model", "result"],
+            registry=r,
+        )
+        self.model_generation = Gauge(
+            "qtrel_model_generation", "Load generation of each served model", ["model"], registry=r
+        )
         self.model_info = Gauge(
             "qtrel_model_info", "Model being served", ["model", "device", "dtype", "version"], registry=r
         )

@@ -123,12 +123,13 @@ def test_a_hit_is_what_the_forward_returned(tiny_checkpoint):
         fresh = await e.score(qs, ts, use_cache=False)  # Cache-Control: no-cache
         assert forwarded(e) == n + len(set(pairs))
         assert sample(e, "qtrel_cache_hits_total") == len(set(pairs))
-        e.generation += 1  # a reload: nothing of the old generation is served
+        e.models.default.current.generation += 1  # as a reload does: nothing of the old generation is served
         again = await e.score(qs, ts)
         assert forwarded(e) == n + 2 * len(set(pairs))
         assert sample(e, "qtrel_cache_bytes") == e.cache.bytes > 0
         assert e.describe()["cache"]["generation"] == 2
-        assert e.new_generation() == 3 and len(e.cache) == 0 == sample(e, "qtrel_cache_bytes")
+        await e.reload(e.models.default.name)  # a real reload: a new copy, the cache let go
+        assert e.generation == 3 and len(e.cache) == 0 == sample(e, "qtrel_cache_bytes")
         return miss, hit, fresh, again
 
     miss, hit, fresh, again = served(make_engine(tiny_checkpoint, cache_mb=1), body)
