@@ -12,8 +12,8 @@ import time
 import httpx
 
 from tests.conftest import make_tiny_checkpoint
-from tests.e2e.test_start_and_signals import model_pids
 from tests.e2e.test_sigterm import wait_ready
+from tests.e2e.test_start_and_signals import model_pids
 from tests.service.conftest import free_port
 
 
