@@ -14,6 +14,7 @@ if TYPE_CHECKING:
 LATENCY = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.25, 0.4, 0.6, 1.0, 1.5, 2.5, 5.0, 10.0, 30.0)
 BATCH_PAIRS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
 BATCH_TOKENS = (64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768)
+DIFF = (-4.0, -2.0, -1.0, -0.5, -0.25, -0.1, 0.0, 0.1, 0.25, 0.5, 1.0, 2.0, 4.0)  # expected levels apart
 RATIO = (0.0, 0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.8, 1.0)
 
 
@@ -116,6 +117,38 @@ class Metrics:
         )
         self.model_generation = Gauge(
             "qtrel_model_generation", "Load generation of each served model", ["model"], registry=r
+        )
+        self.shadow_pairs = Counter(
+            "qtrel_shadow_pairs",
+            "Live pairs scored again by the shadow model, by shadow model and the live model's level",
+            ["model", "level"],
+            registry=r,
+        )
+        self.shadow_agreed = Counter(
+            "qtrel_shadow_agreed",
+            "Shadowed pairs whose shadow level is the live level, by shadow model and live level",
+            ["model", "level"],
+            registry=r,
+        )
+        self.shadow_diff = Histogram(
+            "qtrel_shadow_score_diff",
+            "Shadow minus live expected level of a shadowed pair, by shadow model and live level",
+            ["model", "level"],
+            buckets=DIFF,
+            registry=r,
+        )
+        self.shadow_abs_diff = Counter(  # a histogram with negative buckets has no _sum: the mean comes from here
+            "qtrel_shadow_score_abs_diff",
+            "Sum of |shadow - live| expected level over shadowed pairs (over qtrel_shadow_pairs: the mean)",
+            ["model", "level"],
+            registry=r,
+        )
+        self.shadow_dropped = Counter(
+            "qtrel_shadow_dropped",
+            "Sampled live pairs the shadow did not score, by reason: queue_full, busy (the live queue over half "
+            "full), not_ready (the shadow still loads or failed) or failed",
+            ["model", "reason"],
+            registry=r,
         )
         self.model_info = Gauge(
             "qtrel_model_info", "Model being served", ["model", "device", "dtype", "version"], registry=r

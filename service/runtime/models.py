@@ -16,9 +16,10 @@ from service.metrics import Metrics
 from service.runtime.backend import NotReady, State
 from service.runtime.batcher import Batcher, Overloaded
 from service.runtime.layout import memory_available, package_version, resolve_runtime, usable_cores
+from service.runtime.shadow import Shadow
 from service.runtime.slot import ModelNotFound, ReloadBusy, ReloadFailed, Served, Slot
 from service.runtime.worker import Worker
-from service.settings import ModelEntry, Settings, parse_models
+from service.settings import ModelEntry, Settings, parse_entry, parse_models
 from service.tracing import Tracing
 
 __all__ = ["ModelNotFound", "Models", "ReloadBusy", "ReloadFailed", "Served", "Slot"]
@@ -42,7 +43,14 @@ class Models:
         self.cores_each = max(1, cores // len(entries))  # resolved once; a reload keeps it
         self._served = [Served(e, self.build) for e in entries]
         self.on_reload: Callable[[], None] = lambda: None  # the engine lets go of the cache
-        self.shadow = None  # a service.runtime.shadow.Shadow when settings.shadow is set
+        self.shadow: Shadow | None = None
+        if settings.shadow:  # one model process of one thread, beside the served models' shares
+            entry = parse_entry(settings.shadow)
+            assert entry.name is not None  # the settings' validator holds it
+            slot = self.build(entry.path, 1, cores=1, queue=settings.shadow_queue_pairs)
+            self.shadow = Shadow(
+                entry.name, slot, settings.shadow_rate, settings.shadow_queue_pairs, self.default, metrics
+            )
 
     def build(self, path: str | None, generation: int, cores: int | None = None, queue: int | None = None) -> Slot:
         s = self.settings
@@ -137,6 +145,8 @@ class Models:
         for m in self._served:
             m.current.start()
         await asyncio.gather(*(m.current.worker.wait_ready() for m in self._served))
+        if self.shadow is not None:  # after the served models: its load does not slow theirs
+            self.shadow.start()
         for m in self._served:
             w = m.current.worker
             if w.state == State.FAILED:
@@ -155,6 +165,8 @@ class Models:
         return all(done)
 
     async def stop(self) -> None:
+        if self.shadow is not None:
+            await self.shadow.stop()
         for m in self._served:
             await m.current.batcher.stop()
         await asyncio.gather(*(asyncio.to_thread(m.current.worker.stop) for m in self._served))
