@@ -136,7 +136,7 @@ class Shadow:
 
             def encode(idx=idx, truncation=truncation, side=side):
                 qs, ts = [group[i][0] for i in idx], [group[i][1] for i in idx]
-                return tok.encode(qs, ts, truncation=truncation, side=side)  # type: ignore[arg-type]
+                return tok.encode(qs, ts, truncation=truncation, side=side)
 
             enc = await loop.run_in_executor(self._pool, encode)
             items = list(zip(enc.lengths, zip(enc.input_ids, enc.token_type_ids)))
