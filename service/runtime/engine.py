@@ -285,9 +285,9 @@ class Engine:
         for k, f in flights.items():
             found[k] = Cached(f.future.result(), f.length, f.truncated)
         outputs = [found[k] for k in keys]
-        self.metrics.pairs.inc(len(outputs))
+        self.metrics.pairs.labels(name).inc(len(outputs))
         for c in outputs:
-            self.metrics.levels.labels(model.labels[c.output.level]).inc()
+            self.metrics.levels.labels(name, model.labels[c.output.level]).inc()
         return Scored(
             [c.output for c in outputs],
             [c.length for c in outputs],

@@ -8,10 +8,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import time
 from collections.abc import Callable
+from pathlib import Path
 
+from model.builtin import resolve_model
 from service.metrics import Metrics
 from service.runtime.backend import NotReady, State
 from service.runtime.batcher import Batcher, Overloaded
@@ -25,6 +28,16 @@ from service.tracing import Tracing
 __all__ = ["ModelNotFound", "Models", "ReloadBusy", "ReloadFailed", "Served", "Slot"]
 
 log = logging.getLogger("qtrel.models")
+
+
+def checkpoint_name(model_dir: Path) -> str:
+    """The name a checkpoint gives itself (config key qtrel_model_id, else its directory's), as
+    model.relevance does, read without loading it."""
+    try:
+        named = json.loads((model_dir / "config.json").read_text()).get("qtrel_model_id")
+    except (OSError, ValueError, AttributeError):
+        named = None
+    return str(named or model_dir.name)
 
 
 def entries_of(settings: Settings) -> list[ModelEntry]:
@@ -41,25 +54,35 @@ class Models:
         entries = entries_of(settings)
         cores = usable_cores()
         self.cores_each = max(1, cores // len(entries))  # resolved once; a reload keeps it
-        self._served = [Served(e, self.build) for e in entries]
+        self._served = []
+        for e in entries:
+            name = e.name or checkpoint_name(resolve_model(e.path))  # a bare path: named as before
+            self._served.append(Served(name, e, lambda path, gen, name=name: self.build(name, path, gen)))
         self.on_reload: Callable[[], None] = lambda: None  # the engine lets go of the cache
+        for m in self._served:
+            for result in ("ok", "failed"):
+                metrics.model_reloads.labels(m.name, result)
         self.shadow: Shadow | None = None
         if settings.shadow:  # one model process of one thread, beside the served models' shares
             entry = parse_entry(settings.shadow)
             assert entry.name is not None  # the settings' validator holds it
-            slot = self.build(entry.path, 1, cores=1, queue=settings.shadow_queue_pairs)
+            slot = self.build(entry.name, entry.path, 1, cores=1, queue=settings.shadow_queue_pairs)
             self.shadow = Shadow(
                 entry.name, slot, settings.shadow_rate, settings.shadow_queue_pairs, self.default, metrics
             )
 
-    def build(self, path: str | None, generation: int, cores: int | None = None, queue: int | None = None) -> Slot:
+    def build(
+        self, name: str, path: str | None, generation: int, cores: int | None = None, queue: int | None = None
+    ) -> Slot:
+        """A new copy of model `name` from `path` (started by the caller), observed under its name."""
+        observer = self.metrics.for_model(name)
         s = self.settings
         runtime = resolve_runtime(s, cores or self.cores_each, model=path)
         worker = Worker(
             runtime.load_spec(s),
             mode=runtime.worker,
             replicas=runtime.replicas,
-            observer=self.metrics,
+            observer=observer,
             batch_timeout_s=s.batch_timeout_s,
         )
         batcher = Batcher(
@@ -69,7 +92,7 @@ class Models:
             max_wait_s=s.max_wait_ms / 1000,
             max_queue_items=queue or s.max_queue_pairs,
             max_queue_tokens=s.max_queue_tokens,
-            observer=self.metrics,
+            observer=observer,
             concurrency=worker.size,
             tracer=self.tracing.batch_tracer if self.tracing else None,
         )
@@ -167,6 +190,7 @@ class Models:
     async def stop(self) -> None:
         if self.shadow is not None:
             await self.shadow.stop()
+        await asyncio.gather(*(t for m in self._served for t in m.retiring))  # old copies finish retiring
         for m in self._served:
             await m.current.batcher.stop()
         await asyncio.gather(*(asyncio.to_thread(m.current.worker.stop) for m in self._served))
@@ -189,6 +213,8 @@ class Models:
             return None
         served = self.exact(name)
         in_place = not self.fits_beside(served)
+        if in_place and self.settings.reload == "auto":
+            log.warning("a second copy of model %s does not fit in memory: reloading it in place", served.name)
         t0 = time.monotonic()
         try:
             await served.reload(path, self.settings.drain_timeout_s, in_place)
@@ -241,15 +267,16 @@ class Models:
         }
 
     def fits_beside(self, served: Served) -> bool:
-        """Whether a second copy of the model fits in memory now: the serving copy's resident size
-        (its model processes) against what the machine has available, with a quarter to spare."""
+        """Whether a second copy of the model fits in memory now: twice the serving copy's resident size
+        (its model processes; warm-up peaks near twice the settled size, docs/benchmarks.md) against
+        what the machine, or the container's limit, has available."""
         if self.settings.reload == "beside":
             return True
         if self.settings.reload == "in_place":
             return False
         need = sum(_rss(pid) for pid in served.current.worker.pids)
         free = memory_available()
-        return free is None or need == 0 or need * 1.25 < free
+        return free is None or need == 0 or 2 * need < free
 
 
 def _rss(pid: int) -> int:

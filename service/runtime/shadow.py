@@ -54,6 +54,11 @@ class Shadow:
             metrics.shadow_dropped.labels(name, reason)
 
     def start(self) -> None:
+        info = self.live.current.info  # started once the served models are up: their levels are known
+        for level in info.labels if info else []:
+            for series in (self.metrics.shadow_pairs, self.metrics.shadow_agreed, self.metrics.shadow_abs_diff):
+                series.labels(self.name, level)
+            self.metrics.shadow_diff.labels(self.name, level)
         self.slot.start()
         self._task = asyncio.create_task(self._loop(), name="qtrel-shadow")
 

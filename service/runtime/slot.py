@@ -85,20 +85,15 @@ class Slot:
 class Served:
     """One named model: the slot serving it now, and how it is reloaded."""
 
-    def __init__(self, entry: ModelEntry, build: Callable[[str | None, int], Slot]):
+    def __init__(self, name: str, entry: ModelEntry, build: Callable[[str | None, int], Slot]):
+        self.name = name  # fixed at start: routes, cache keys and metric labels keep it across reloads
         self.entry = entry
         self._build = build
         self.current = build(entry.path, 1)
         self.reloading = False
         self._paused: asyncio.Event | None = None  # set while an in-place reload holds new requests
+        self.retiring: set[asyncio.Task] = set()  # old copies draining (held: the loop keeps weak references)
         self.last_reload: dict = {}
-
-    @property
-    def name(self) -> str:
-        if self.entry.name is not None:
-            return self.entry.name
-        info = self.current.info
-        return info.name if info else self.current.runtime.model_dir.name
 
     @property
     def generation(self) -> int:
@@ -142,7 +137,9 @@ class Served:
             new = await self._load(path, old.generation + 1)
             self.current = new  # the switch: every request from now on takes the new copy
             self.entry = ModelEntry(self.entry.name, path)
-            asyncio.create_task(old.retire(drain_timeout), name=f"qtrel-retire-{self.name}")
+            task = asyncio.create_task(old.retire(drain_timeout), name=f"qtrel-retire-{self.name}")
+            self.retiring.add(task)
+            task.add_done_callback(self.retiring.discard)
             return new
         finally:
             self.reloading = False

@@ -103,7 +103,7 @@ def test_the_key_holds_what_changes_a_result():
 # --- through the engine -----------------------------------------------------------------------
 def forwarded(e: Engine) -> float:
     """Pairs that reached the model: the batcher's qtrel_batch_pairs observations."""
-    return e.metrics.registry.get_sample_value("qtrel_batch_pairs_sum") or 0.0
+    return e.metrics.registry.get_sample_value("qtrel_batch_pairs_sum", {"model": e.models.default.name}) or 0.0
 
 
 def sample(e: Engine, name: str, **labels) -> float:
