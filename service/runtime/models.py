@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import logging
 import time
@@ -54,10 +55,10 @@ class Models:
         entries = entries_of(settings)
         cores = usable_cores()
         self.cores_each = max(1, cores // len(entries))  # resolved once; a reload keeps it
-        self._served = []
+        self._served: list[Served] = []
         for e in entries:
             name = e.name or checkpoint_name(resolve_model(e.path))  # a bare path: named as before
-            self._served.append(Served(name, e, lambda path, gen, name=name: self.build(name, path, gen)))
+            self._served.append(Served(name, e, functools.partial(self.build, name)))
         self.on_reload: Callable[[], None] = lambda: None  # the engine lets go of the cache
         for m in self._served:
             for result in ("ok", "failed"):
