@@ -10,11 +10,27 @@ model N times through the admin route while clients score both models, and count
 from __future__ import annotations
 
 import asyncio
+import os
 import random
 import time
+from pathlib import Path
 
 import httpx
 from live import Server, pct, title
+
+
+def group_rss(srv: Server) -> int:
+    """Resident bytes of the server's process group (the server and its model processes)."""
+    total = 0
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                fields = (d / "stat").read_text().rsplit(")", 1)[1].split()
+                if int(fields[2]) == srv.proc.pid:
+                    total += int((d / "statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+            except (OSError, ValueError, IndexError):
+                continue
+    return total
 
 
 def add_arguments(p) -> None:
@@ -23,6 +39,7 @@ def add_arguments(p) -> None:
     p.add_argument("--second", default="builtin:pruned", help="reload: the second model; shadow: the shadow")
     p.add_argument("--shadow-rate", type=float, default=0.25)
     p.add_argument("--pairs", type=int, default=8, help="pairs per request")
+    p.add_argument("--rate", type=float, default=0, help="shadow: open-loop requests/s (0: --clients closed loops)")
 
 
 async def load(url: str, clients: int, pairs: int, models: list[str | None], stop, seed: int = 0):
@@ -52,6 +69,46 @@ async def load(url: str, clients: int, pairs: int, models: list[str | None], sto
     return statuses, done
 
 
+async def open_load(url: str, rate: float, seconds: float, pairs: int):
+    """Requests sent at a fixed rate (open loop, below capacity), whatever the answers take."""
+    statuses: dict[int, int] = {}
+    done: list[tuple[float, float]] = []
+    rng = random.Random(0)
+
+    async def one(c: httpx.AsyncClient, body: dict) -> None:
+        t0 = time.perf_counter()
+        try:
+            code = (await c.post(url + "/score", json=body, headers={"Cache-Control": "no-cache"})).status_code
+        except httpx.TransportError:
+            code = 0
+        statuses[code] = statuses.get(code, 0) + 1
+        if code == 200:
+            done.append((time.monotonic(), time.perf_counter() - t0))
+
+    async with httpx.AsyncClient(timeout=120, limits=httpx.Limits(max_connections=256)) as c:
+        tasks, start = [], time.monotonic()
+        for i in range(int(rate * seconds)):
+            await asyncio.sleep(max(0.0, start + i / rate - time.monotonic()))
+            body = {"query": title(rng), "titles": [title(rng) for _ in range(pairs)]}
+            tasks.append(asyncio.create_task(one(c, body)))
+        await asyncio.gather(*tasks)
+    return statuses, done
+
+
+def niceness(srv: Server) -> list[int]:
+    """The nice value of each of the server's model processes."""
+    out = []
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                fields = (d / "stat").read_text().rsplit(")", 1)[1].split()
+                if int(fields[2]) == srv.proc.pid and int(fields[1]) == srv.proc.pid:  # pgid, ppid
+                    out.append(int(fields[16]))
+            except (OSError, ValueError, IndexError):
+                continue
+    return sorted(out)
+
+
 async def reload(a) -> dict:
     srv = Server(
         f"a={a.model}", "--model", f"b={a.second}", "--reload", a.reload_mode, "--request-timeout-ms", "120000"
@@ -61,6 +118,12 @@ async def reload(a) -> dict:
         swaps: list[dict] = []
         windows: list[tuple[float, float]] = []
         finished = False
+        rss: list[tuple[float, int]] = []
+
+        async def sampler() -> None:
+            while not finished:
+                rss.append((time.monotonic(), group_rss(srv)))
+                await asyncio.sleep(0.5)
 
         async def swapper() -> None:
             nonlocal finished
@@ -79,9 +142,10 @@ async def reload(a) -> dict:
                 await asyncio.sleep(2)
             finished = True
 
-        (statuses, done), _ = await asyncio.gather(
-            load(srv.url, a.clients, a.pairs, ["a", "b"], lambda: finished), swapper()
+        (statuses, done), _, _ = await asyncio.gather(
+            load(srv.url, a.clients, a.pairs, ["a", "b"], lambda: finished), swapper(), sampler()
         )
+        before = [b for t, b in rss if t < windows[0][0]] if windows else []
         during = [s for t, s in done if any(lo <= t <= hi for lo, hi in windows)]
         outside = [s for t, s in done if not any(lo <= t <= hi for lo, hi in windows)]
         non_200 = sum(n for code, n in statuses.items() if code != 200)
@@ -102,6 +166,8 @@ async def reload(a) -> dict:
             "p50_ms_outside": pct(outside, 0.5),
             "p99_ms_outside": pct(outside, 0.99),
             "generations": {m["id"]: m["generation"] for m in httpx.get(srv.url + "/v1/models").json()["data"]},
+            "rss_mb_before_swaps": round(max(before) / 2**20) if before else None,
+            "rss_mb_peak": round(max(b for _, b in rss) / 2**20) if rss else None,
             "reload_failures_counted": srv.metric("qtrel_model_reloads_total") - sum(s["status"] == 200 for s in swaps),
         }
     finally:
@@ -109,7 +175,8 @@ async def reload(a) -> dict:
 
 
 async def shadow(a) -> dict:
-    out: dict = {"scenario": "shadow", "clients": a.clients, "seconds": a.seconds, "shadow_rate": a.shadow_rate}
+    out: dict = {"scenario": "shadow", "seconds": a.seconds, "shadow_rate": a.shadow_rate, "pairs": a.pairs}
+    out |= {"rate_per_s": a.rate} if a.rate else {"clients": a.clients}
     for run, extra in (
         ("without", ()),
         ("with", ("--shadow", f"cand={a.second}", "--shadow-rate", str(a.shadow_rate))),
@@ -122,7 +189,10 @@ async def shadow(a) -> dict:
                 while httpx.get(srv.url + "/info").json()["shadow"]["state"] != "ready" and time.monotonic() < deadline:
                     await asyncio.sleep(0.2)
             end = time.monotonic() + a.seconds
-            statuses, done = await load(srv.url, a.clients, a.pairs, [None], lambda end=end: time.monotonic() > end)
+            if a.rate:
+                statuses, done = await open_load(srv.url, a.rate, a.seconds, a.pairs)
+            else:
+                statuses, done = await load(srv.url, a.clients, a.pairs, [None], lambda end=end: time.monotonic() > end)
             lat = [s for _, s in done]
             out[run] = {
                 "statuses": statuses,
@@ -134,6 +204,7 @@ async def shadow(a) -> dict:
                 await asyncio.sleep(2)
                 shadowed = srv.metric("qtrel_shadow_pairs_total")
                 out[run] |= {
+                    "model_process_nice": niceness(srv),
                     "pairs_shadowed": shadowed,
                     "shadow_dropped": srv.metric("qtrel_shadow_dropped_total"),
                     "level_agreement": round(srv.metric("qtrel_shadow_agreed_total") / max(1, shadowed), 3),

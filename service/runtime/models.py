@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import functools
 import json
 import logging
@@ -73,14 +74,22 @@ class Models:
             )
 
     def build(
-        self, name: str, path: str | None, generation: int, cores: int | None = None, queue: int | None = None
+        self,
+        name: str,
+        path: str | None,
+        generation: int,
+        cores: int | None = None,
+        queue: int | None = None,
+        warm: bool = True,
     ) -> Slot:
-        """A new copy of model `name` from `path` (started by the caller), observed under its name."""
+        """A new copy of model `name` from `path` (started by the caller), observed under its name; `warm`
+        False skips the warm-up (an in-place reload, whose pause it would lengthen)."""
         observer = self.metrics.for_model(name)
         s = self.settings
         runtime = resolve_runtime(s, cores or self.cores_each, model=path)
+        spec = runtime.load_spec(s)
         worker = Worker(
-            runtime.load_spec(s),
+            spec if warm else dataclasses.replace(spec, warmup=False),
             mode=runtime.worker,
             replicas=runtime.replicas,
             observer=observer,

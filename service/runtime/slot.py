@@ -85,7 +85,7 @@ class Slot:
 class Served:
     """One named model: the slot serving it now, and how it is reloaded."""
 
-    def __init__(self, name: str, entry: ModelEntry, build: Callable[[str | None, int], Slot]):
+    def __init__(self, name: str, entry: ModelEntry, build: Callable[..., Slot]):
         self.name = name  # fixed at start: routes, cache keys and metric labels keep it across reloads
         self.entry = entry
         self._build = build
@@ -144,9 +144,9 @@ class Served:
         finally:
             self.reloading = False
 
-    async def _load(self, path: str | None, generation: int) -> Slot:
+    async def _load(self, path: str | None, generation: int, warm: bool = True) -> Slot:
         try:
-            new = self._build(path, generation)
+            new = self._build(path, generation, warm=warm)
         except (OSError, ValueError) as e:  # no such checkpoint, a bad builtin: name
             raise ReloadFailed(f"cannot load {path}: {e}") from e
         new.start()
@@ -160,15 +160,17 @@ class Served:
 
     async def _in_place(self, path: str | None, old: Slot, drain_timeout: float) -> Slot:
         """Two copies will not fit: hold new requests, retire the old copy, load the new; if the new one
-        fails, load the old path again (the pause is the drain plus one or two loads)."""
+        fails, load the old path again. The pause is the drain plus one or two loads, without the warm-up
+        ladder (its ~30 s on a shared 2-vCPU machine would be most of it: the first batches of each shape
+        pay for their kernels instead)."""
         self._paused = asyncio.Event()
         try:
             await old.retire(drain_timeout)
             try:
-                self.current = await self._load(path, old.generation + 1)
+                self.current = await self._load(path, old.generation + 1, warm=False)
                 self.entry = ModelEntry(self.entry.name, path)
             except ReloadFailed:
-                self.current = await self._load(self.entry.path, old.generation + 1)
+                self.current = await self._load(self.entry.path, old.generation + 1, warm=False)
                 raise
             return self.current
         finally:

@@ -184,7 +184,7 @@ def test_a_request_that_leaves_does_not_take_a_shared_pair_with_it(tiny_checkpoi
         first.cancel()  # its client hung up: its own pair is dropped, the shared one still served
         out = await second
         assert len(out.outputs) == 1 and forwarded(e) == 1
-        assert sample(e, "qtrel_dropped_pairs_total", reason="cancelled") == 1
+        assert sample(e, "qtrel_dropped_pairs_total", model=e.models.default.name, reason="cancelled") == 1
 
     served(make_engine(tiny_checkpoint, cache_mb=0, max_wait_ms=300), body)
 
