@@ -385,7 +385,7 @@ class Engine:
         served = self.require_ready(model)
         try:
             async with served.hold(time.monotonic() + self.settings.request_timeout_ms / 1000) as slot:
-                return await slot.worker.job("explain", query, title, **options)
+                return await slot.worker.job("explain", query, title, **options) | {"model": served.name}
         except Exception as e:
             self.require_ready(model)  # the worker stopped or drains since the check above
             raise InferenceFailed(f"explanation failed: {_describe(e)}") from e

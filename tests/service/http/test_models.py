@@ -54,6 +54,10 @@ def test_both_models_answer_by_name_and_differ(two):
     cohere = httpx.post(two.url + "/v2/rerank", json={"model": "b", "query": QUERY, "documents": TITLES}).json()
     assert cohere["model"] == "b"
     assert httpx.post(two.url + "/rerank", json={"query": QUERY, "texts": TITLES}).status_code == 200  # TEI: default
+    explained = httpx.post(
+        two.url + "/explain", json={"query": QUERY, "title": TITLES[0], "model": "b", "top_heads": 1}
+    )
+    assert explained.status_code == 200 and explained.json()["model"] == "b"
 
 
 def test_a_name_not_served_is_404_listing_the_served(two):
