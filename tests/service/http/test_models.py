@@ -183,3 +183,17 @@ def test_admin_keys_and_api_keys_do_not_stand_in_for_each_other(tiny_checkpoint)
         )
         assert denied.status_code == 401
         assert httpx.get(srv.url + "/v1/models").status_code == 401
+
+
+def test_a_second_reload_of_the_same_model_meanwhile_is_409(tiny_checkpoint):
+    with live_server(tiny_checkpoint, worker="thread") as srv:
+        name = httpx.get(srv.url + "/v1/models").json()["data"][0]["id"]
+        results: list[httpx.Response] = []
+        calls = [threading.Thread(target=lambda: results.append(reload(srv, name, key=None))) for _ in range(2)]
+        for t in calls:
+            t.start()
+        for t in calls:
+            t.join()
+        assert sorted(r.status_code for r in results) == [200, 409]
+        busy = next(r for r in results if r.status_code == 409).json()
+        assert busy["error_type"] == "conflict" and "already being reloaded" in busy["error"]
