@@ -215,11 +215,13 @@ class Models:
     async def reload(self, name: str | None, path: str | None = None) -> dict | None:
         """Reload one model (optionally from a new path): what it serves now, or ReloadFailed / ReloadBusy
         with the old copy still serving. Counted by result in qtrel_model_reloads. None: every model
-        from its own path, one after the other (SIGHUP); a failure is logged and counted."""
+        from its own path, one after the other, then the shadow (SIGHUP); a failure is logged and counted."""
         if name is None:
             for m in list(self._served):
                 with contextlib.suppress(ReloadFailed, ReloadBusy):
                     await self.reload(m.name)
+            if self.shadow is not None:
+                await self._reload_shadow(self.shadow)
             return None
         served = self.exact(name)
         in_place = not self.fits_beside(served)
@@ -248,6 +250,21 @@ class Models:
             served.generation,
         )
         return self.listing(served)
+
+    async def _reload_shadow(self, shadow: Shadow) -> None:
+        """The shadow from its path, beside the old copy (off the request path: no pause to bound)."""
+        path = parse_entry(self.settings.shadow).path
+        new = self.build(shadow.name, path, shadow.slot.generation + 1, cores=1, queue=self.settings.shadow_queue_pairs)
+        new.start()
+        await new.worker.wait_ready()
+        if new.worker.state != State.READY:
+            await new.retire(0)
+            self.metrics.model_reloads.labels(shadow.name, "failed").inc()
+            log.error("reload of shadow %s failed, the loaded one keeps scoring: %s", shadow.name, new.worker.error)
+            return
+        old, shadow.slot = shadow.slot, new
+        self.metrics.model_reloads.labels(shadow.name, "ok").inc()
+        await old.retire(self.settings.drain_timeout_s)
 
     def exact(self, name: str) -> Served:
         """The model of this exact name (the admin routes do not take "any name" as scoring does)."""

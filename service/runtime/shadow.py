@@ -77,6 +77,7 @@ class Shadow:
             "id": self.name,
             "path": str(self.slot.runtime.model_dir),
             "state": self.slot.worker.state.value,
+            "generation": self.slot.generation,
             "error": self.slot.worker.error,
             "rate": self.rate,
             "pending": len(self._pending),

@@ -58,3 +58,19 @@ def test_a_full_shadow_queue_drops_and_counts_without_touching_live(tiny_checkpo
         dropped = srv.metric("qtrel_shadow_dropped_total", model="cand")
         assert dropped >= len(TITLES) - 5  # not ready yet, or the queue holds 5
         assert srv.metric("qtrel_shadow_pairs_total", model="cand") <= 5
+
+
+def test_sighup_reloads_the_shadow_too(tiny_checkpoint, candidate):
+    with live_server(tiny_checkpoint, shadow=f"cand={candidate}", shadow_rate=1.0, worker="thread") as srv:
+        deadline = time.monotonic() + 60
+        while httpx.get(srv.url + "/info").json()["shadow"]["state"] != "ready":
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+        srv.lifecycle.hangup()  # as SIGHUP does
+        while (info := httpx.get(srv.url + "/info").json())["shadow"]["generation"] != 2:
+            assert time.monotonic() < deadline, info["shadow"]
+            time.sleep(0.1)
+        assert info["models"][0]["generation"] == 2 and info["shadow"]["state"] == "ready"
+        assert httpx.post(srv.url + "/score", json={"query": "drill", "titles": TITLES[:4]}).status_code == 200
+        wait_for(srv, "qtrel_shadow_pairs_total", 4, model="cand")
+        assert srv.metric("qtrel_model_reloads_total", model="cand", result="ok") == 1
