@@ -9,6 +9,8 @@ built-in model (or --model), runs for seconds, prints one JSON line of counts an
   python bench/stress.py fuzz --examples 200      # schemathesis against the live OpenAPI schema
   python bench/stress.py killstorm                # bench/storm.py: model processes SIGKILLed under load
   python bench/stress.py soak --seconds 1800      # bench/storm.py: 30 minutes of mixed traffic
+  python bench/stress.py reload --reloads 10      # bench/reload.py: two models, swapped 10 times under load
+  python bench/stress.py shadow --seconds 30      # bench/reload.py: live latency without and with a shadow
 """
 
 from __future__ import annotations
@@ -26,6 +28,8 @@ from pathlib import Path
 import aiohttp
 import httpx
 from live import Server, pct, statuses, title
+from reload import add_arguments as add_reload_arguments
+from reload import reload, shadow
 from storm import add_arguments, goodput, killstorm, soak
 
 
@@ -316,7 +320,9 @@ def fuzz(a) -> dict:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("scenario", choices=["overload", "sigterm", "slow", "fuzz", "killstorm", "soak", "goodput"])
+    p.add_argument(
+        "scenario", choices=["overload", "sigterm", "slow", "fuzz", "killstorm", "soak", "goodput", "reload", "shadow"]
+    )
     p.add_argument("--model", default="builtin:default")
     p.add_argument("--seconds", type=float, default=20)
     p.add_argument("--clients", type=int, default=32)
@@ -329,12 +335,13 @@ def main() -> None:
     p.add_argument("--timeout", type=float, default=300)
     p.add_argument("--out", default="/tmp/qtrel-stress.json")
     add_arguments(p)
+    add_reload_arguments(p)
     a = p.parse_args()
     if a.scenario == "fuzz":
         res = fuzz(a)
     else:
         scenarios = {"overload": overload, "sigterm": sigterm, "slow": slow}
-        scenarios |= {"killstorm": killstorm, "soak": soak, "goodput": goodput}
+        scenarios |= {"killstorm": killstorm, "soak": soak, "goodput": goodput, "reload": reload, "shadow": shadow}
         res = asyncio.run(scenarios[a.scenario](a))
     res["command"] = res.get("command") or "python bench/stress.py " + " ".join(sys.argv[1:])
     print(json.dumps({k: v for k, v in res.items() if k != "summary"}))

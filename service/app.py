@@ -9,25 +9,26 @@ import asyncio
 import logging
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from contextlib import asynccontextmanager
 
 from fastapi import APIRouter, Depends, FastAPI
 
 from service.errors import ErrorKind
 from service.http import errors, openapi
+from service.http.admin import admin_router
+from service.http.admin import router as models_router
 from service.http.cohere import router as compat_router
-from service.http.deps import require_api_key
+from service.http.deps import require_admin_key, require_api_key
 from service.http.errors import as_service_error, error_response, response_for
 from service.http.explain import explain_routers
 from service.http.routes import metrics_router, ops_router, router
 from service.http.tokenize import router as tokenize_router
 from service.logs import request_id
 from service.metrics import Metrics
-from service.runtime.batcher import Batcher
 from service.runtime.engine import Engine
-from service.runtime.layout import package_version, resolve_runtime
-from service.runtime.worker import Worker
+from service.runtime.layout import package_version
+from service.runtime.models import Models
 from service.settings import Settings
 from service.tracing import Tracing
 from service.tracing import from_env as tracing_from_env
@@ -52,12 +53,13 @@ KNOWN_ROUTES = {
     "/v1/rerank",
     "/v2/rerank",
     "/tokenize",
+    "/v1/models",
 }
 SCORING_ROUTES = {"/score", "/predict", "/rerank", "/v1/rerank", "/v2/rerank"}  # refused early when full
 QUIET_ROUTES = {"/health/live", "/health/ready", "/livez", "/readyz", "/metrics"}
 # Routers whose every route needs `Authorization: Bearer <key>` when API keys are set (require_api_key):
 # scoring, /info and, added in create_app, /explain. A new router of scoring or model routes goes here.
-PROTECTED_ROUTERS: list[APIRouter] = [router, compat_router, tokenize_router]
+PROTECTED_ROUTERS: list[APIRouter] = [router, compat_router, tokenize_router, models_router]
 
 
 class Lifecycle:
@@ -93,27 +95,24 @@ class Lifecycle:
 
 
 def build_engine(settings: Settings, metrics: Metrics, tracing: Tracing | None = None) -> Engine:
-    """Resolve the runtime once and wire the parts: worker (the model), batcher (the queue), engine."""
-    runtime = resolve_runtime(settings)
-    worker = Worker(
-        runtime.load_spec(settings),
-        mode=runtime.worker,
-        replicas=runtime.replicas,
-        observer=metrics,
-        batch_timeout_s=settings.batch_timeout_s,
-    )
-    batcher = Batcher(
-        worker.run,
-        max_batch_tokens=settings.max_batch_tokens,
-        max_batch_size=settings.max_batch_size,
-        max_wait_s=settings.max_wait_ms / 1000,
-        max_queue_items=settings.max_queue_pairs,
-        max_queue_tokens=settings.max_queue_tokens,
-        observer=metrics,
-        concurrency=worker.size,
-        tracer=tracing.batch_tracer if tracing else None,
-    )
-    return Engine(settings, runtime, worker, batcher, metrics, tracing=tracing)
+    """Resolve each model's runtime once (its share of the cores) and wire the parts: per model its worker
+    (the model processes) and batcher (the queue), the shadow, the engine (service.runtime.models)."""
+    return Engine(settings, Models(settings, metrics, tracing), metrics, tracing=tracing)
+
+
+def on_loop(loop: asyncio.AbstractEventLoop, job: Callable[[], Awaitable[object]]) -> Callable[[], None]:
+    """A callable for a signal handler that starts `job` on the event loop (a handler must not await)."""
+    running: set[asyncio.Task] = set()  # held until done: the loop keeps only weak references to tasks
+
+    def start() -> None:
+        task = asyncio.ensure_future(job())
+        running.add(task)
+        task.add_done_callback(running.discard)
+
+    def handler() -> None:
+        loop.call_soon_threadsafe(start)
+
+    return handler
 
 
 class EdgeMiddleware:
@@ -221,9 +220,12 @@ def create_app(
         lifecycle.engine = engine
         # Load and warm up in the background: the server answers /health/* (503) meanwhile.
         starting = asyncio.create_task(lifecycle.start(engine), name="qtrel-start")
+        reload_models = on_loop(asyncio.get_running_loop(), engine.reload)  # SIGHUP: every model from its path
+        lifecycle.reloaders.append(reload_models)
         try:
             yield {"engine": engine, "settings": settings, "metrics": metrics}  # request.state, for service.http.deps
         finally:
+            lifecycle.reloaders.remove(reload_models)
             await engine.drain(settings.drain_timeout_s)
             starting.cancel()
             await engine.stop()
@@ -240,6 +242,8 @@ def create_app(
     explain_api, explain_page = explain_routers(settings)
     for protected in (*PROTECTED_ROUTERS, explain_api):
         app.include_router(protected, dependencies=auth)
+    admin = [Depends(require_admin_key)] if settings.keys or settings.admin_keyring.keys else []
+    app.include_router(admin_router, dependencies=admin)
     app.include_router(metrics_router, dependencies=auth if settings.protect_metrics else [])
     app.include_router(ops_router)  # health: always open
     app.include_router(explain_page)  # static; its /explain calls carry the key

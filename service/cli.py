@@ -78,6 +78,8 @@ def _add_serve(sub) -> None:
         help_ = (f.description or "") + f" [env QTREL_{name.upper()}, default {f.default!r}]"
         if f.annotation is bool:
             p.add_argument(flag, dest=name, action=argparse.BooleanOptionalAction, default=None, help=help_)
+        elif name == "model":  # given several times, or as NAME=PATH: the models list
+            p.add_argument(flag, dest=name, action="append", default=None, help=help_ + "; repeatable: NAME=PATH")
         else:
             p.add_argument(flag, dest=name, default=None, help=help_)
 
@@ -131,18 +133,25 @@ def serve(settings) -> int:
 def _cmd_serve(a) -> int:
     from pydantic import ValidationError
 
-    from service.settings import Settings
+    from service.settings import Settings, parse_entry
 
     overrides = {k: v for k, v in vars(a).items() if k in Settings.model_fields and v is not None}
+    if given := overrides.pop("model", None):
+        one = len(given) == 1 and parse_entry(given[0]).name is None  # a bare path or builtin, as before
+        overrides["model" if one else "models"] = given[0] if one else ",".join(given)
     try:
         settings = Settings(**overrides)
     except ValidationError as e:
         print(f"qtrel serve: invalid settings:\n{e}", file=sys.stderr)
         return 2
     from model.builtin import resolve_model
+    from service.settings import parse_models
 
     try:
-        resolve_model(settings.model)
+        for entry in parse_models(settings.models) if settings.models else [parse_entry(settings.model or "")]:
+            resolve_model(entry.path)
+        if settings.shadow:
+            resolve_model(parse_entry(settings.shadow).path)
     except FileNotFoundError as e:
         print(f"qtrel serve: {e}", file=sys.stderr)
         return 2

@@ -16,6 +16,9 @@ class ErrorKind(str, Enum):
     TOO_LARGE = "payload_too_large"  # body, pair count or text length over a limit
     UNAUTHORIZED = "unauthorized"  # no, a malformed or a wrong API key
     NOT_FOUND = "not_found"
+    MODEL_NOT_FOUND = "model_not_found"  # a model the server does not serve (with several served)
+    CONFLICT = "conflict"  # a reload of that model is already under way
+    RELOAD_FAILED = "reload_failed"  # the new checkpoint did not load or warm up; the old one serves
     METHOD = "method_not_allowed"
     TIMEOUT = "timeout"  # the request's deadline passed before its work ran
     CLIENT_CLOSED = "client_closed"  # the client went away; nobody reads this answer

@@ -14,6 +14,7 @@ if TYPE_CHECKING:
 LATENCY = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.25, 0.4, 0.6, 1.0, 1.5, 2.5, 5.0, 10.0, 30.0)
 BATCH_PAIRS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
 BATCH_TOKENS = (64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768)
+DIFF = (-4.0, -2.0, -1.0, -0.5, -0.25, -0.1, 0.0, 0.1, 0.25, 0.5, 1.0, 2.0, 4.0)  # expected levels apart
 RATIO = (0.0, 0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.8, 1.0)
 
 
@@ -26,57 +27,71 @@ class Metrics:
             "qtrel_request_duration_seconds", "HTTP request duration", ["route"], buckets=LATENCY, registry=r
         )
         self.queue_seconds = Histogram(
-            "qtrel_queue_seconds", "Time a pair waits in the queue", buckets=LATENCY, registry=r
+            "qtrel_queue_seconds", "Time a pair waits in the queue", ["model"], buckets=LATENCY, registry=r
         )
         self.tokenize_seconds = Histogram(
             "qtrel_tokenize_seconds", "Tokenisation time per request", buckets=LATENCY, registry=r
         )
         self.inference_seconds = Histogram(
-            "qtrel_inference_seconds", "Forward pass time per batch", buckets=LATENCY, registry=r
+            "qtrel_inference_seconds", "Forward pass time per batch", ["model"], buckets=LATENCY, registry=r
         )
-        self.batch_pairs = Histogram("qtrel_batch_pairs", "Pairs per batch", buckets=BATCH_PAIRS, registry=r)
+        self.batch_pairs = Histogram("qtrel_batch_pairs", "Pairs per batch", ["model"], buckets=BATCH_PAIRS, registry=r)
         self.batch_tokens = Histogram(
-            "qtrel_batch_tokens", "Padded tokens per batch (longest x pairs)", buckets=BATCH_TOKENS, registry=r
+            "qtrel_batch_tokens",
+            "Padded tokens per batch (longest x pairs)",
+            ["model"],
+            buckets=BATCH_TOKENS,
+            registry=r,
         )
         self.padding_ratio = Histogram(
-            "qtrel_batch_padding_ratio", "Share of a batch's tokens that are padding", buckets=RATIO, registry=r
+            "qtrel_batch_padding_ratio",
+            "Share of a batch's tokens that are padding",
+            ["model"],
+            buckets=RATIO,
+            registry=r,
         )
-        self.queue_depth = Gauge("qtrel_queue_depth", "Pairs waiting in the queue", registry=r)
-        self.in_flight = Gauge("qtrel_pairs_in_flight", "Pairs admitted and not finished", registry=r)
-        self.pairs = Counter("qtrel_pairs", "Pairs scored", registry=r)
+        self.queue_depth = Gauge("qtrel_queue_depth", "Pairs waiting in the queues, every model's together", registry=r)
+        self.in_flight = Gauge(
+            "qtrel_pairs_in_flight",
+            "Pairs admitted and not finished, every model's together (the autoscaler's figure: the server's load)",
+            registry=r,
+        )
+        self._queues: dict[int, tuple[int, int]] = {}  # per batcher (observer): its (queued, in flight)
+        self.pairs = Counter("qtrel_pairs", "Pairs scored, by model", ["model"], registry=r)
         self.rejected = Counter("qtrel_rejected", "Requests refused or abandoned, by reason", ["reason"], registry=r)
         self.dropped_pairs = Counter(
-            "qtrel_dropped_pairs", "Queued pairs dropped before the device, by reason", ["reason"], registry=r
+            "qtrel_dropped_pairs",
+            "Queued pairs dropped before the device, by model and reason",
+            ["model", "reason"],
+            registry=r,
         )
-        self.levels = Counter("qtrel_predicted_level", "Predicted levels", ["level"], registry=r)
+        self.levels = Counter("qtrel_predicted_level", "Predicted levels, by model", ["model", "level"], registry=r)
         self.worker_restarts = Counter(
             "qtrel_worker_restarts",
             "Model processes restarted, by reason: died (it exited), timeout (the watchdog killed it) or "
             "load_failed (a replacement could not load); a crash loop shows as a steady rate",
-            ["reason"],
+            ["model", "reason"],
             registry=r,
         )
-        for reason in ("died", "timeout", "load_failed"):
-            self.worker_restarts.labels(reason)
         self.batches_retried = Counter(
-            "qtrel_batches_retried", "Batches retried because their model process died or was killed", registry=r
+            "qtrel_batches_retried",
+            "Batches retried because their model process died or was killed",
+            ["model"],
+            registry=r,
         )
         self.batches_failed = Counter(
             "qtrel_batches_failed",
             "Batches whose requests failed, by reason: process_died (twice) or error (the model raised); "
             "after isolation, a batch of the one failing pair",
-            ["reason"],
+            ["model", "reason"],
             registry=r,
         )
         self.batches_split = Counter(
             "qtrel_batches_split",
             "Failed batches split in halves to isolate a failing (poison) pair, by reason: process_died or error",
-            ["reason"],
+            ["model", "reason"],
             registry=r,
         )
-        for reason in ("process_died", "error"):
-            self.batches_failed.labels(reason)
-            self.batches_split.labels(reason)
         self.requests_by_key = Counter(
             "qtrel_requests_by_key",
             "Requests that passed authentication, by API key id (the first 12 hex digits of the key's SHA-256, "
@@ -107,41 +122,64 @@ class Metrics:
         for where in ("request", "in_flight"):
             self.folded.labels(where)
         self.ready = Gauge("qtrel_ready", "1 when the model is loaded, warmed up and not draining", registry=r)
+        self.model_reloads = Counter(
+            "qtrel_model_reloads",
+            "Model reloads (SIGHUP or the admin route), by model and result: ok, or failed (the checkpoint "
+            "did not load or warm up; the loaded model kept serving)",
+            ["model", "result"],
+            registry=r,
+        )
+        self.model_generation = Gauge(
+            "qtrel_model_generation", "Load generation of each served model", ["model"], registry=r
+        )
+        self.shadow_pairs = Counter(
+            "qtrel_shadow_pairs",
+            "Live pairs scored again by the shadow model, by shadow model and the live model's level",
+            ["model", "level"],
+            registry=r,
+        )
+        self.shadow_agreed = Counter(
+            "qtrel_shadow_agreed",
+            "Shadowed pairs whose shadow level is the live level, by shadow model and live level",
+            ["model", "level"],
+            registry=r,
+        )
+        self.shadow_diff = Histogram(
+            "qtrel_shadow_score_diff",
+            "Shadow minus live expected level of a shadowed pair, by shadow model and live level",
+            ["model", "level"],
+            buckets=DIFF,
+            registry=r,
+        )
+        self.shadow_abs_diff = Counter(  # a histogram with negative buckets has no _sum: the mean comes from here
+            "qtrel_shadow_score_abs_diff",
+            "Sum of |shadow - live| expected level over shadowed pairs (over qtrel_shadow_pairs: the mean)",
+            ["model", "level"],
+            registry=r,
+        )
+        self.shadow_dropped = Counter(
+            "qtrel_shadow_dropped",
+            "Sampled live pairs the shadow did not score, by reason: queue_full, busy (the live queue over half "
+            "full), not_ready (the shadow still loads or failed) or failed",
+            ["model", "reason"],
+            registry=r,
+        )
         self.model_info = Gauge(
             "qtrel_model_info", "Model being served", ["model", "device", "dtype", "version"], registry=r
         )
 
-    # BatchObserver, called by the batcher
-    def queued(self, items: int, in_flight: int) -> None:
-        self.queue_depth.set(items)
-        self.in_flight.set(in_flight)
+    def queues_changed(self, batcher: int, items: int, in_flight: int) -> None:
+        """One batcher's queue changed: the gauges are every batcher's together."""
+        if items or in_flight:
+            self._queues[batcher] = (items, in_flight)
+        else:
+            self._queues.pop(batcher, None)  # an idle or retired batcher leaves no entry behind
+        self.queue_depth.set(sum(q for q, _ in self._queues.values()))
+        self.in_flight.set(sum(f for _, f in self._queues.values()))
 
-    def dispatched(self, waits: Sequence[float], lengths: Sequence[int]) -> None:
-        for w in waits:
-            self.queue_seconds.observe(w)
-        padded = max(lengths) * len(lengths)
-        self.batch_pairs.observe(len(lengths))
-        self.batch_tokens.observe(padded)
-        self.padding_ratio.observe(1 - sum(lengths) / padded)
-
-    def dropped(self, reason: str, n: int) -> None:
-        self.dropped_pairs.labels(reason).inc(n)
-
-    # WorkerObserver, called by the worker
-    def forwarded(self, seconds: float) -> None:
-        self.inference_seconds.observe(seconds)
-
-    def restarted(self, reason: str) -> None:
-        self.worker_restarts.labels(reason).inc()
-
-    def batch_retried(self) -> None:
-        self.batches_retried.inc()
-
-    def batch_failed(self, reason: str) -> None:
-        self.batches_failed.labels(reason).inc()
-
-    def batch_split(self, reason: str) -> None:
-        self.batches_split.labels(reason).inc()
+    def for_model(self, model: str) -> ModelObserver:
+        """The batcher's and the worker's observer for one served model: its series, labelled."""
+        return ModelObserver(self, model)
 
     # called by service.http.deps.require_api_key
     def key_used(self, key_id: str, ring: KeyRing) -> None:
@@ -160,3 +198,51 @@ class Metrics:
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+
+class ModelObserver:
+    """BatchObserver (the batcher) and WorkerObserver (the worker) for one model: Metrics' per-model
+    series with its `model` label, every series of the model present from the start."""
+
+    def __init__(self, metrics: Metrics, model: str):
+        self.m, self.model = metrics, model
+        for reason in ("died", "timeout", "load_failed"):
+            metrics.worker_restarts.labels(model, reason)
+        for reason in ("process_died", "error"):
+            metrics.batches_failed.labels(model, reason)
+            metrics.batches_split.labels(model, reason)
+        for series in (metrics.batches_retried, metrics.pairs, metrics.inference_seconds, metrics.queue_seconds):
+            series.labels(model)
+        for series in (metrics.batch_pairs, metrics.batch_tokens, metrics.padding_ratio):
+            series.labels(model)
+
+    def queued(self, items: int, in_flight: int) -> None:
+        self.m.queues_changed(id(self), items, in_flight)
+
+    def dispatched(self, waits: Sequence[float], lengths: Sequence[int]) -> None:
+        m, model = self.m, self.model
+        queue = m.queue_seconds.labels(model)
+        for w in waits:
+            queue.observe(w)
+        padded = max(lengths) * len(lengths)
+        m.batch_pairs.labels(model).observe(len(lengths))
+        m.batch_tokens.labels(model).observe(padded)
+        m.padding_ratio.labels(model).observe(1 - sum(lengths) / padded)
+
+    def dropped(self, reason: str, n: int) -> None:
+        self.m.dropped_pairs.labels(self.model, reason).inc(n)
+
+    def forwarded(self, seconds: float) -> None:
+        self.m.inference_seconds.labels(self.model).observe(seconds)
+
+    def restarted(self, reason: str) -> None:
+        self.m.worker_restarts.labels(self.model, reason).inc()
+
+    def batch_retried(self) -> None:
+        self.m.batches_retried.labels(self.model).inc()
+
+    def batch_failed(self, reason: str) -> None:
+        self.m.batches_failed.labels(self.model, reason).inc()
+
+    def batch_split(self, reason: str) -> None:
+        self.m.batches_split.labels(self.model, reason).inc()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
@@ -10,6 +12,37 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from model.levels import CHUNK_OVERLAP, MAX_BATCH_TOKENS
 from service.keys import KeyRing, split_keys
+
+NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")  # a served model's name, as requests and labels take it
+
+
+@dataclass(frozen=True)
+class ModelEntry:
+    """One `NAME=PATH` of the configuration; `name` None: a bare path, named by its checkpoint."""
+
+    name: str | None
+    path: str | None  # None: the built-in default
+
+
+def parse_entry(text: str) -> ModelEntry:
+    """`NAME=PATH` or a bare path / builtin: name. A bare path keeps today's naming (the checkpoint's)."""
+    name, sep, path = text.strip().partition("=")
+    if sep and NAME.fullmatch(name):
+        if not path.strip():
+            raise ValueError(f"model {name!r} has no path: give NAME=PATH")
+        return ModelEntry(name, path.strip())
+    return ModelEntry(None, text.strip() or None)
+
+
+def parse_models(text: str) -> list[ModelEntry]:
+    """`a=builtin:default,b=/models/v3` (QTREL_MODELS); names must be distinct."""
+    entries = [parse_entry(part) for part in text.split(",") if part.strip()]
+    names = [e.name for e in entries]
+    if len(entries) > 1 and None in names:
+        raise ValueError("with several models each needs a name: NAME=PATH")
+    if len(set(names)) != len(names):
+        raise ValueError(f"model names must be distinct: {', '.join(str(n) for n in names)}")
+    return entries
 
 
 class Settings(BaseSettings):
@@ -20,6 +53,26 @@ class Settings(BaseSettings):
         None,
         description="checkpoint directory, or builtin:default / builtin:pruned "
         "(shipped in the package); empty = the built-in default model",
+    )
+    models: str = Field(
+        "",
+        description="several models, NAME=PATH comma-separated (PATH as for model); the first is the default "
+        "and each gets an equal share of the cores. Empty: the one model of `model`",
+    )
+    reload: Literal["auto", "beside", "in_place"] = Field(
+        "auto",
+        description="how a reload (SIGHUP, POST /admin/models/{name}/reload) swaps a model: beside (load the new "
+        "copy next to the old, switch at once), in_place (drain the old first: requests wait, a bounded pause), "
+        "auto = beside when a second copy fits in the memory available",
+    )
+    shadow: str = Field(
+        "",
+        description="NAME=PATH of a candidate model that scores a sample of the default model's live pairs "
+        "again, off the request path, for the shadow metrics; empty = none",
+    )
+    shadow_rate: float = Field(0.1, ge=0, le=1, description="share of live pairs the shadow model scores")
+    shadow_queue_pairs: int = Field(
+        1024, ge=1, description="shadow pairs waiting at most; beyond, new ones are dropped (and counted)"
     )
     device: str = Field("auto", description="cpu, cuda, cuda:N, or auto (cuda when available)")
     dtype: Literal["auto", "float32", "bfloat16", "float16", "int8"] = Field(
@@ -106,6 +159,13 @@ class Settings(BaseSettings):
         description="a file of API keys, one a line (blank lines and # "
         "comments ignored), read at start and again when it changes (or on SIGHUP); for Kubernetes Secrets",
     )
+    admin_keys: SecretStr = Field(
+        SecretStr(""),
+        description="comma-separated keys for the admin routes (POST /admin/models/{name}/reload); none set: "
+        "the API keys (and with no key at all the admin routes are open, as every route is)",
+    )
+    admin_keys_file: Path | None = Field(None, description="a file of admin keys, one a line, as api_keys_file")
+    _admin_keyring: KeyRing = PrivateAttr()
     protect_metrics: bool = Field(False, description="/metrics also needs an API key (when keys are set)")
     _keyring: KeyRing = PrivateAttr()
 
@@ -123,6 +183,11 @@ class Settings(BaseSettings):
                 "max_pairs_per_request must not exceed max_queue_pairs: such a request could never be admitted"
             )
         self._keyring = KeyRing(split_keys(self.api_keys.get_secret_value(), ","), self.api_keys_file)
+        self._admin_keyring = KeyRing(split_keys(self.admin_keys.get_secret_value(), ","), self.admin_keys_file)
+        if self.models or self.shadow:
+            names = [e.name for e in parse_models(self.models)]  # ValueError: a clear settings error
+            if self.shadow and parse_entry(self.shadow).name in (None, *names):
+                raise ValueError("shadow needs its own name: NAME=PATH, not one of the served models")
         return self
 
     @property
@@ -136,9 +201,16 @@ class Settings(BaseSettings):
         """Every API key in force, from api_keys and api_keys_file; empty: no authentication."""
         return self._keyring.keys
 
+    @property
+    def admin_keyring(self) -> KeyRing:
+        """The admin keys; empty: the admin routes take the API keys (`keyring`)."""
+        return self._admin_keyring if self._admin_keyring.keys else self._keyring
+
     def public(self) -> dict:
         """The effective settings as /info shows them: API keys redacted (their count only)."""
         out = self.model_dump(mode="json")
         n = len(self.keys)
         out["api_keys"] = f"<{n} redacted>" if n else ""
+        n = len(self._admin_keyring.keys)
+        out["admin_keys"] = f"<{n} redacted>" if n else ""
         return out

@@ -41,8 +41,9 @@ RELEVANCE = (
     "(E - 1) / (k - 1) for levels 1..k; ranks as /score's `score`"
 )
 MODEL_NOTE = (
-    "accepted and not checked: Cohere's clients always send one. The served model answers whatever is named; "
-    "the response's `model` says which it was"
+    "the served model to answer (GET /v1/models lists them). With one model served any name is accepted "
+    "(Cohere's clients always send one); with several, a name not served gets 404 model_not_found. The "
+    "response's `model` says which answered"
 )
 
 
@@ -114,7 +115,7 @@ class CompatRerankResult(BaseModel):
 
 class CompatRerankResponse(BaseModel):
     id: str
-    model: str = Field(description="the model that scored (whatever the request named)")
+    model: str = Field(description="the served model that scored")
     results: list[CompatRerankResult] = Field(description="best first")
     meta: dict[str, Any] = Field(
         description="Cohere's api_version, billed_units (search_units: one per 100 documents, input_tokens) and tokens"
@@ -144,6 +145,7 @@ async def rerank(
         body.max_chunks_per_doc,
         body.chunk_overlap,
         use_cache=use_cache,
+        model=body.model,
     )
     results: list[dict[str, Any]] = []
     for i, out in enumerate(scored.outputs):

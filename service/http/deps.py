@@ -63,12 +63,27 @@ async def require_api_key(
     re-read when it changes); 401 otherwise. No keys: open. Each accepted request is counted under its key's
     id, never the key. app.py applies it to every router in its protected group."""
     ring = request.state.settings.keyring
+    key_id = _match(ring, credentials, "API key")
+    if key_id is not None:
+        request.state.metrics.key_used(key_id, ring)
+
+
+async def require_admin_key(
+    request: Request, credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]
+) -> None:
+    """The admin routes' key: one of the admin keys (settings admin_keys, admin_keys_file), or of the API
+    keys when no admin key is set; 401 otherwise. No keys at all: open, as every route is."""
+    _match(request.state.settings.admin_keyring, credentials, "admin key")
+
+
+def _match(ring, credentials: HTTPAuthorizationCredentials | None, what: str) -> str | None:
+    """The id of the key presented, None when the ring holds no key; 401 for no key or a wrong one."""
     ring.refresh()
     if not ring.keys:
-        return
+        return None
     if credentials is None:
-        raise ServiceError(ErrorKind.UNAUTHORIZED, "this route needs an API key: Authorization: Bearer <key>")
+        raise ServiceError(ErrorKind.UNAUTHORIZED, f"this route needs an {what}: Authorization: Bearer <key>")
     key_id = ring.match(credentials.credentials)
     if key_id is None:
-        raise ServiceError(ErrorKind.UNAUTHORIZED, "invalid API key")
-    request.state.metrics.key_used(key_id, ring)
+        raise ServiceError(ErrorKind.UNAUTHORIZED, f"invalid {what}")
+    return key_id

@@ -20,8 +20,11 @@ from service.runtime.engine import (
     DeadlineExceeded,
     InferenceFailed,
     InputTooLong,
+    ModelNotFound,
     NotReady,
     Overloaded,
+    ReloadBusy,
+    ReloadFailed,
     TooManyWindows,
 )
 
@@ -33,6 +36,9 @@ STATUS = {
     ErrorKind.TOO_LARGE: 413,
     ErrorKind.UNAUTHORIZED: 401,
     ErrorKind.NOT_FOUND: 404,
+    ErrorKind.MODEL_NOT_FOUND: 404,
+    ErrorKind.CONFLICT: 409,
+    ErrorKind.RELOAD_FAILED: 422,
     ErrorKind.METHOD: 405,
     ErrorKind.TIMEOUT: 408,
     ErrorKind.CLIENT_CLOSED: 499,
@@ -53,6 +59,9 @@ RUNTIME_ERRORS: tuple[tuple[type[Exception], ErrorKind], ...] = (
     (DeadlineExceeded, ErrorKind.TIMEOUT),
     (InputTooLong, ErrorKind.TOO_LARGE),
     (TooManyWindows, ErrorKind.TOO_LARGE),
+    (ModelNotFound, ErrorKind.MODEL_NOT_FOUND),
+    (ReloadBusy, ErrorKind.CONFLICT),
+    (ReloadFailed, ErrorKind.RELOAD_FAILED),
     (InferenceFailed, ErrorKind.BACKEND),
     (BackendError, ErrorKind.BACKEND),
 )

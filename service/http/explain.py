@@ -21,7 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, model_validator
 from service.errors import ErrorKind, ServiceError
 from service.http.deps import EngineDep, MetricsDep
 from service.http.routes import ERRORS, check_limits
-from service.http.schemas import ErrorBody, Text, WholeInt
+from service.http.schemas import MODEL_FIELD, Absent, ErrorBody, ModelName, Text, WholeInt
 from service.settings import Settings
 
 VIEW = Path(__file__).resolve().parent / "static" / "explain.html"
@@ -37,6 +37,7 @@ class ExplainRequest(BaseModel):
     truncation: Literal["only_second", "longest_first"] = "only_second"
     attention: StrictBool = Field(False, description="also return every layer's and head's (T, T) attention")
     top_heads: WholeInt = Field(5, ge=0, le=64, description="how many term-matching heads to list")
+    model: ModelName | Absent = Field(None, description=MODEL_FIELD)
 
     @model_validator(mode="after")
     def _not_blank(self) -> ExplainRequest:
@@ -139,7 +140,7 @@ def explain_routers(settings: Settings) -> tuple[APIRouter, APIRouter]:
         check_enabled()
         assert limiter is not None
         check_limits(settings, [body.query], [body.title])
-        engine.require_ready()
+        engine.require_ready(body.model)
         wait = limiter.take()
         if wait is not None:
             metrics.rejected.labels("rate_limited").inc()
@@ -147,7 +148,12 @@ def explain_routers(settings: Settings) -> tuple[APIRouter, APIRouter]:
                 ErrorKind.RATE_LIMITED, f"at most {settings.explain_per_minute} explanations a minute", retry_after=wait
             )
         out = await engine.explain(
-            body.query, body.title, truncation=body.truncation, top_heads=body.top_heads, attention=body.attention
+            body.query,
+            body.title,
+            model=body.model,
+            truncation=body.truncation,
+            top_heads=body.top_heads,
+            attention=body.attention,
         )
         # Full attention matrices make large bodies: serialise off the event loop.
         content = await asyncio.to_thread(json.dumps, out, separators=(",", ":"))

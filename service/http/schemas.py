@@ -31,6 +31,13 @@ def limited(**keywords: str) -> dict[str, Any]:
     return {LIMITS: keywords}
 
 
+MODEL_FIELD = (
+    "the served model to answer (GET /v1/models lists them); absent: the default. With one model served any "
+    "name is accepted; with several, a name not served gets 404 model_not_found"
+)
+ModelName = Annotated[StrictStr, Field(min_length=1, max_length=256)]
+
+
 # `_blank` refuses a text of nothing but str.isspace() characters (all of them are here; the schema test checks
 # it): the pattern asks for one other character. Written out, so that ECMA and Python regexes read it alike.
 NOT_BLANK = "[^\\u0009-\\u000d\\u001c-\\u0020\\u0085\\u00a0\\u1680\\u2000-\\u200a\\u2028\\u2029\\u202f\\u205f\\u3000]"
@@ -116,6 +123,7 @@ class ScoreRequest(BaseModel):
     top_n: AtLeastOne | None = Field(None, description="return only the best n, sorted by score")
     max_chunks: AtLeastOne | None = Field(None, description=MAX_CHUNKS)
     chunk_overlap: Overlap | None = Field(None, description=OVERLAP)
+    model: ModelName | Absent = Field(None, description=MODEL_FIELD)
 
     @model_validator(mode="after")
     def _one_form(self) -> ScoreRequest:
@@ -150,7 +158,7 @@ class ScoreResult(BaseModel):
 
 
 class ScoreResponse(BaseModel):
-    model: str
+    model: str = Field(description="the served model that answered")
     results: list[ScoreResult]
 
 
@@ -243,4 +251,6 @@ class Info(BaseModel):
     model: dict = {}  # what the model says of itself: level rule and cut points, kernels
     worker: dict  # effective layout: mode, model processes (replicas), torch threads each, restarts, pids
     cache: dict = {}  # the pair-score cache: on or off, its bound, bytes and entries held, the model generation
+    models: list[dict] = []  # every served model as GET /v1/models lists it, with its share of the cores
+    shadow: dict | None = None  # the shadow model and its sampling, when one is set
     settings: dict

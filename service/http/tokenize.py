@@ -11,7 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from service.http.deps import EngineDep, SettingsDep
 from service.http.routes import ERRORS, check_limits
-from service.http.schemas import Absent, Direction, Pairs, Text, one_of
+from service.http.schemas import MODEL_FIELD, Absent, Direction, ModelName, Pairs, Text, one_of
 
 router = APIRouter(tags=["text-embeddings-inference"])
 
@@ -33,6 +33,7 @@ class TokenizeRequest(BaseModel):
         "only_second", description="only_second (/score's default): cut the title, keep the query whole"
     )
     truncation_direction: Direction = Field("Right", description="which end of a text is cut: Right cuts its end")
+    model: ModelName | Absent = Field(None, description=MODEL_FIELD)
 
     @model_validator(mode="after")
     def _one_form(self) -> TokenizeRequest:
@@ -92,7 +93,7 @@ async def tokenize(body: TokenizeRequest, engine: EngineDep, settings: SettingsD
     queries, titles = body.as_pairs()
     check_limits(settings, queries, titles)
     side = body.truncation_direction.lower()
-    t = await engine.tokenize(queries, titles, truncation=body.truncation, side=side)
+    t = await engine.tokenize(queries, titles, truncation=body.truncation, side=side, model=body.model)
     results = []
     for i, (ids, segs, toks, cut) in enumerate(zip(t.enc.input_ids, t.enc.token_type_ids, t.tokens, t.cuts)):
         specials = set(cut.specials)

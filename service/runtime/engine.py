@@ -1,10 +1,10 @@
-"""The engine joins tokenisation, the batcher and the worker behind the calls HTTP needs: score these
-pairs, explain this pair, are you ready, describe yourself.
+"""The engine joins tokenisation, the score cache and the served models behind the calls HTTP needs:
+score these pairs (with this model), explain this pair, reload a model, are you ready, describe yourself.
 
-It is handed its parts by the composition root (`service.app`): the resolved runtime, the worker and
-the batcher; it decides nothing about where or how the model runs. It owns the one readiness function
-and the one drain switch. Tokenisation of larger requests runs on its own thread, so it overlaps with
-forward passes in the model processes; the event loop only awaits.
+It is handed its parts by the composition root (`service.app`): the served models (each its runtime,
+worker and batcher, `service.runtime.models`) and the shadow; it decides nothing about where or how a
+model runs. It owns the one readiness function and the one drain switch. Larger requests are tokenised
+on their own thread, overlapping forward passes in the model processes; the event loop only awaits.
 
 It knows nothing of HTTP: what goes wrong is raised as the runtime's own errors (below, and the
 batcher's `Overloaded`, `Closed`, `DeadlineExceeded`, the backend's `NotReady`), which
@@ -16,22 +16,23 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from typing import Any
 
 from model.chunks import split_pairs
-from model.tokenizer import EncodedPairs, PairCut
+from model.tokenizer import EncodedPairs
 from service.logs import request_id
 from service.metrics import Metrics
-from service.runtime.backend import BackendError, NotReady, State
-from service.runtime.batcher import Batcher, Closed, DeadlineExceeded, Overloaded
+from service.runtime.backend import BackendError, NotReady
+from service.runtime.batcher import Closed, DeadlineExceeded, Overloaded
 from service.runtime.cache import Cached, Key, ScoreCache, make_key
 from service.runtime.flight import Flight, Flights
-from service.runtime.layout import Runtime, package_version
+from service.runtime.layout import package_version
+from service.runtime.models import ModelNotFound, Models, ReloadBusy, ReloadFailed, Served, Slot
+from service.runtime.results import InferenceFailed, InputTooLong, Scored, Tokenized
 from service.runtime.windows import TooManyWindows, Windowed, WindowPick, flatten, reduce
-from service.runtime.worker import ModelInfo, PairOutput, Worker
+from service.runtime.worker import ModelInfo
 from service.settings import Settings
 from service.tracing import Tracing
 
@@ -42,8 +43,11 @@ __all__ = [  # the errors HTTP maps (service.http.errors), with the engine's own
     "Engine",
     "InferenceFailed",
     "InputTooLong",
+    "ModelNotFound",
     "NotReady",
     "Overloaded",
+    "ReloadBusy",
+    "ReloadFailed",
     "Scored",
     "Tokenized",
     "TooManyWindows",
@@ -57,89 +61,40 @@ log = logging.getLogger("qtrel.engine")
 INLINE_PAIRS = 4
 
 
-@dataclass
-class Scored:
-    outputs: list[PairOutput]
-    lengths: list[int]  # per pair, its tokens (special tokens included)
-    truncated: list[bool]  # per pair, whether truncation cut it
-    labels: list[str]  # the model's levels, in class order
-    model: str  # the model's name
-
-
-@dataclass
-class Tokenized:
-    """Pairs as the model sees them, and what was cut (`/tokenize`): no forward pass."""
-
-    enc: EncodedPairs
-    tokens: list[list[str]]  # per pair, the text of each id
-    cuts: list[PairCut]  # per pair, what truncation kept and cut (ids)
-    pieces: Callable[[Sequence[int]], list[str]]  # ids -> their word-piece texts
-    max_length: int
-    model: str
-
-
-class InputTooLong(ValueError):
-    """A pair longer than the model's window, where the caller asked for no truncation."""
-
-    def __init__(self, index: int, max_length: int):
-        super().__init__(f"input {index} is longer than the model's {max_length} tokens; set truncate=true")
-
-
-class InferenceFailed(BackendError):
-    """The forward pass (or an explanation) failed; only the requests of that batch fail."""
-
-
 class Engine:
-    def __init__(
-        self,
-        settings: Settings,
-        runtime: Runtime,
-        worker: Worker,
-        batcher: Batcher,
-        metrics: Metrics,
-        tracing: Tracing | None = None,
-    ):
+    def __init__(self, settings: Settings, models: Models, metrics: Metrics, tracing: Tracing | None = None):
         self.settings = settings
         self.tracing = tracing or Tracing()  # off: every call a no-op
-        self.runtime = runtime
-        self.worker = worker
-        self.batcher = batcher
+        self.models = models
+        models.on_reload = self._forget
         self.metrics = metrics
         self._draining = False
-        self.generation = 1  # the model's load generation: part of every cache key (a reload bumps it)
         self.cache = ScoreCache(settings.cache_mb * 2**20)
         self.flights = Flights(self._landed)
         self._tok_pool = ThreadPoolExecutor(1, thread_name_prefix="qtrel-tokenize")
 
+    # the default model's parts (what one-model callers and tests read)
+    runtime = property(lambda self: self.models.default.current.runtime, doc="the default model's Runtime")
+    worker = property(lambda self: self.models.default.current.worker, doc="the default model's Worker")
+    batcher = property(lambda self: self.models.default.current.batcher, doc="the default model's Batcher")
+
+    generation = property(lambda self: self.models.default.generation, doc="the default model's load generation")
+
     # --- lifecycle ----------------------------------------------------------------------------
     async def start(self) -> str | None:
-        """Load and warm up; None once serving, else why the model cannot be served (the caller exits)."""
-        self.batcher.start()
-        self.worker.start()
-        await self.worker.wait_ready()
-        if self.worker.state == State.READY:
-            m = self._model()
-            self.metrics.model_info.labels(m.name, str(m.device), m.dtype, package_version()).set(1)
+        """Load and warm up every model; None once serving, else why one cannot be served (the caller exits)."""
+        why = await self.models.start()
+        if why is None and self.models.default.state() == "ready":
             self.metrics.ready.set(1)
-            return None
-        if self.worker.state == State.FAILED:
-            return f"model failed to load: {self.worker.error}"
-        return None  # stopping before the model was up
+        return why
 
     def readiness(self) -> tuple[bool, str]:
-        """The one readiness rule: the model is loaded and warmed up, a model process serves, and the
-        service is not draining. (ready, why) -- why is the state's name, or what failed."""
-        if self._draining:
-            return False, "draining"
-        state = self.worker.state
-        if state == State.FAILED:
-            return False, f"model failed to load: {self.worker.error}"
-        return state == State.READY, state.value
+        """The one readiness rule: every model is loaded and warmed up (or being reloaded: its requests
+        wait), a model process serves, and the service is not draining. (ready, why)."""
+        return (False, "draining") if self._draining else self.models.readiness()
 
     def liveness(self) -> tuple[bool, str]:
-        if loops := self.worker.crash_loops():
-            return False, f"crash loop: model process {loops} restarted too often"
-        return self.worker.alive(), self.worker.state.value
+        return self.models.liveness()
 
     def begin_drain(self) -> None:
         """Stop reporting ready and taking new work. The one writer of the drain state; safe to call
@@ -150,29 +105,39 @@ class Engine:
     async def drain(self, timeout: float) -> None:
         """Stop taking work; let admitted work finish (up to `timeout`)."""
         self.begin_drain()
-        if not await self.batcher.drain(timeout):
-            log.warning("drain timed out with %d pairs outstanding", self.batcher.outstanding)
+        if not await self.models.drain(timeout):
+            log.warning("drain timed out with pairs outstanding")
 
     async def stop(self) -> None:
-        await self.batcher.stop()
-        await asyncio.to_thread(self.worker.stop)
+        await self.models.stop()
         self._tok_pool.shutdown(wait=False, cancel_futures=True)
 
-    def new_generation(self) -> int:
-        """A new model (or the same one again) was loaded: nothing scored before is served (the generation
-        is in every cache key) and the old entries are let go at once."""
-        self.generation += 1
+    def _forget(self) -> None:
+        """A model was reloaded: its old scores are unreachable (the generation is in every cache key) and
+        the entries are let go at once (the other models' too: a reload is rare, the cache refills)."""
         self.cache.clear()
         self.metrics.cache_bytes.set(0)
         self.metrics.cache_entries.set(0)
-        return self.generation
+
+    async def reload(self, name: str | None = None, path: str | None = None) -> dict | None:
+        """Load a model again (from `path`, or its own) beside the serving one and switch to it (see
+        service.runtime.models); None: every model (SIGHUP; failures logged and counted). Raises
+        ModelNotFound, ReloadBusy, or ReloadFailed (the old one still serves)."""
+        if self._draining:
+            raise NotReady("draining")
+        return await self.models.reload(name, path)
+
+    def listing(self) -> list[dict]:
+        """GET /v1/models: each served model, the default first."""
+        return [self.models.listing(m) for m in self.models]
 
     def describe(self) -> dict:
-        """Everything /info shows: the model (once loaded), the runtime, the worker, the settings."""
+        """Everything /info shows: the default model (once loaded), the runtime, the worker, the settings,
+        and every served model with its share of the cores."""
         m = self.worker.info
         s, rt = self.settings, self.runtime
         return {
-            "model_id": m.name if m else rt.model_dir.name,
+            "model_id": self.models.default.name,
             "model_path": str(rt.model_dir),
             "levels": m.labels if m else [],
             "max_length": m.max_length if m else s.max_length,
@@ -183,35 +148,32 @@ class Engine:
             "model": m.details if m else {},
             "worker": self.worker.describe(),
             "cache": self.cache.describe() | {"generation": self.generation, "in_flight": len(self.flights)},
+            "models": self.listing(),
+            "shadow": self.models.shadow.describe() if self.models.shadow is not None else None,
             "settings": s.public(),
         }
 
     # --- scoring ------------------------------------------------------------------------------
-    def _model(self) -> ModelInfo:
-        info = self.worker.info
+    @staticmethod
+    def _model(slot: Slot) -> ModelInfo:
+        info = slot.info
         if info is None:
             raise NotReady("loading")
         return info
 
-    def require_ready(self) -> None:
-        """The one refusal of work while no model can take it. Work is taken while a model serves, or
-        while its processes restart (the work waits for them; its deadline and the queue's bounds still
-        hold), so that a crash fails no request."""
-        ok, why = self.readiness()
-        if not ok and not (why == State.RESTARTING.value and self.worker.info is not None):
-            raise NotReady(why)
+    def require_ready(self, model: str | None = None) -> Served:
+        """The one refusal of work while the model named cannot take it (NotReady); the model otherwise."""
+        if self._draining:
+            raise NotReady("draining")
+        return self.models.serving(model)
 
     def refuse_early(self) -> Overloaded | None:
-        """The refusal of a scoring request while admission is full, before its body is read or parsed:
-        under overload, refusing costs microseconds and leaves the cores to the work admitted."""
-        if not self.batcher.full():
-            return None
-        self.metrics.rejected.labels("overloaded").inc()
-        return Overloaded("pairs", self.batcher.retry_after())
+        """A scoring request's refusal while admission is full, before its body is read (microseconds)."""
+        return self.models.refuse_early()
 
-    def _admit(self, pairs: int) -> None:
+    def _admit(self, slot: Slot, pairs: int) -> None:
         try:
-            self.batcher.check_admission(pairs)  # refuse before spending work
+            slot.batcher.check_admission(pairs)  # refuse before spending work
         except Overloaded:
             self.metrics.rejected.labels("overloaded").inc()
             raise
@@ -225,16 +187,37 @@ class Engine:
         timeout_ms: int | None = None,
         allow_truncation: bool = True,
         use_cache: bool = True,
+        model: str | None = None,
     ) -> Scored:
-        """Score the pairs, each distinct one once: from the cache (unless `use_cache` is false: the
-        caller asked for fresh scores, which are then cached), joining the same pair already in flight
-        for another request, or forwarded."""
-        self.require_ready()
+        """Score the pairs with the model named (None: the default), each distinct pair once: from the
+        cache (unless `use_cache` is false: the caller asked for fresh scores, which are then cached),
+        joining the same pair already in flight for another request, or forwarded. A sample of the
+        default model's pairs is handed to the shadow model, if any, after the answer is known."""
+        served = self.require_ready(model)
         deadline = time.monotonic() + (timeout_ms or self.settings.request_timeout_ms) / 1000
-        model = self._model()
+        async with served.hold(deadline) as slot:
+            scored = await self._score(
+                served.name, slot, queries, titles, truncation, side, deadline, allow_truncation, use_cache
+            )
+        if (shadow := self.models.shadow) is not None and served is self.models.default:
+            shadow.offer(queries, titles, scored, truncation, side)
+        return scored
+
+    async def _score(  # the body of score, on the slot held
+        self,
+        name: str,
+        slot: Slot,
+        queries: list[str],
+        titles: list[str],
+        truncation: str,
+        side: str,
+        deadline: float,
+        allow_truncation: bool,
+        use_cache: bool,
+    ) -> Scored:
+        model = self._model(slot)
         keys = [
-            make_key(model.name, self.generation, truncation, side, model.max_length, q, t)
-            for q, t in zip(queries, titles)
+            make_key(name, slot.generation, truncation, side, model.max_length, q, t) for q, t in zip(queries, titles)
         ]
         found: dict[Key, Cached] = {}
         flights: dict[Key, Flight] = {}
@@ -250,7 +233,7 @@ class Engine:
             else:
                 todo[k] = i
         if todo:
-            self._admit(len(todo))
+            self._admit(slot, len(todo))
             enc = await self._encode(
                 model, [queries[i] for i in todo.values()], [titles[i] for i in todo.values()], truncation, side
             )
@@ -266,24 +249,24 @@ class Engine:
             if (first := next((i for i, k in enumerate(keys) if cut[k]), None)) is not None:
                 raise InputTooLong(first, model.max_length)
         if todo:
-            mine = self._submit([encoded[k][:2] for k in todo], deadline)
+            mine = self._submit(slot, [encoded[k][:2] for k in todo], deadline)
             for k, fut in zip(todo, mine):
                 n, payload, cut_ = encoded[k]
                 flights[k] = self.flights.start(k, Flight(fut, payload, n, cut_, deadline))
         if flights:
-            await self._wait(flights, deadline)
+            await self._wait(slot, flights, deadline)
         for k, f in flights.items():
             found[k] = Cached(f.future.result(), f.length, f.truncated)
         outputs = [found[k] for k in keys]
-        self.metrics.pairs.inc(len(outputs))
+        self.metrics.pairs.labels(name).inc(len(outputs))
         for c in outputs:
-            self.metrics.levels.labels(model.labels[c.output.level]).inc()
+            self.metrics.levels.labels(name, model.labels[c.output.level]).inc()
         return Scored(
             [c.output for c in outputs],
             [c.length for c in outputs],
             [c.truncated for c in outputs],
             model.labels,
-            model.name,
+            name,
         )
 
     async def score_windows(
@@ -292,9 +275,9 @@ class Engine:
         """`score`, each title longer than the model's window split into at most `max_chunks` windows that
         share `overlap` tokens (default: the chunk_overlap setting); a title gets its best window's scores
         (service.runtime.windows). The windows count against max_pairs_per_request."""
-        self.require_ready()
+        served = self.require_ready(options.get("model"))
         n = self.settings.chunk_overlap if overlap is None else overlap
-        args = (self._model().tokenizer, queries, titles, max_chunks, n)
+        args = (self._model(served.current).tokenizer, queries, titles, max_chunks, n)
         if len(titles) <= INLINE_PAIRS:
             docs = split_pairs(*args)
         else:
@@ -321,25 +304,25 @@ class Engine:
         self.metrics.tokenize_seconds.observe(time.perf_counter() - t0)
         return enc
 
-    def _submit(self, items: list[tuple[int, Any]], deadline: float) -> list[asyncio.Future]:
+    def _submit(self, slot: Slot, items: list[tuple[int, Any]], deadline: float) -> list[asyncio.Future]:
         try:
-            return self.batcher.submit(
+            return slot.batcher.submit(
                 items, deadline, trace=self.tracing.context(), tag=f"request {request_id.get() or '-'}"
             )
         except Overloaded:
             self.metrics.rejected.labels("overloaded").inc()
             raise
 
-    def _requeue(self, deadline: float) -> Callable[[Key, Flight], Flight]:
+    def _requeue(self, slot: Slot, deadline: float) -> Callable[[Key, Flight], Flight]:
         def requeue(key: Key, old: Flight) -> Flight:
-            (fut,) = self._submit([(old.length, old.payload)], deadline)
+            (fut,) = self._submit(slot, [(old.length, old.payload)], deadline)
             return Flight(fut, old.payload, old.length, old.truncated, deadline)
 
         return requeue
 
-    async def _wait(self, flights: dict[Key, Flight], deadline: float) -> None:
+    async def _wait(self, slot: Slot, flights: dict[Key, Flight], deadline: float) -> None:
         try:
-            await self.flights.wait(flights, deadline, self._requeue(deadline))
+            await self.flights.wait(flights, deadline, self._requeue(slot, deadline))
         except DeadlineExceeded:
             self.metrics.rejected.labels("deadline").inc()
             raise
@@ -357,8 +340,8 @@ class Engine:
         m.folded.labels("in_flight").inc(joined)
 
     def _landed(self, key: Key, flight: Flight) -> None:
-        """A pair came back from the model: cache it (the flight table calls this once per pair)."""
-        if self.cache.enabled:
+        """A pair came back from the model: cache it (called once per pair), unless its generation is old."""
+        if self.cache.enabled and self.models.generation_of(key[0]) == key[1]:
             self.metrics.cache_evictions.inc(
                 self.cache.put(key, Cached(flight.future.result(), flight.length, flight.truncated))
             )
@@ -366,29 +349,36 @@ class Engine:
             self.metrics.cache_entries.set(len(self.cache))
 
     async def tokenize(
-        self, queries: list[str], titles: list[str], truncation: str = "only_second", side: str = "right"
+        self,
+        queries: list[str],
+        titles: list[str],
+        truncation: str = "only_second",
+        side: str = "right",
+        model: str | None = None,
     ) -> Tokenized:
         """The pairs' tokens under these truncation options, and what truncation kept and cut."""
-        model = self._model()
-        tok = model.tokenizer
+        served = self.models.get(model)
+        info = self._model(served.current)
+        tok = info.tokenizer
 
         def work() -> Tokenized:
             enc, cuts = tok.explain_truncation(queries, titles, truncation=truncation, side=side)  # type: ignore[arg-type]
             return Tokenized(
-                enc, [tok.tokens(ids) for ids in enc.input_ids], cuts, tok.tokens, model.max_length, model.name
+                enc, [tok.tokens(ids) for ids in enc.input_ids], cuts, tok.tokens, info.max_length, served.name
             )
 
         if len(queries) <= INLINE_PAIRS:
             return work()
         return await asyncio.get_running_loop().run_in_executor(self._tok_pool, work)
 
-    async def explain(self, query: str, title: str, **options) -> dict:
+    async def explain(self, query: str, title: str, model: str | None = None, **options) -> dict:
         """model.explain.explain_pair on a model, between batches (the worker's "explain" job)."""
-        self.require_ready()
+        served = self.require_ready(model)
         try:
-            return await self.worker.job("explain", query, title, **options)
+            async with served.hold(time.monotonic() + self.settings.request_timeout_ms / 1000) as slot:
+                return await slot.worker.job("explain", query, title, **options) | {"model": served.name}
         except Exception as e:
-            self.require_ready()  # the worker stopped or drains since the check above
+            self.require_ready(model)  # the worker stopped or drains since the check above
             raise InferenceFailed(f"explanation failed: {_describe(e)}") from e
 
 

@@ -39,11 +39,12 @@ class Runtime:
         )
 
 
-def resolve_runtime(settings: Settings, cores: int | None = None) -> Runtime:
+def resolve_runtime(settings: Settings, cores: int | None = None, model: str | None = None) -> Runtime:
+    """`cores`: this model's share (several models split the machine); `model`: its path (else the settings')."""
     device = resolve_device_name(settings.device)
     replicas, threads = resolve_layout(settings, device, cores)
     return Runtime(
-        resolve_model(settings.model),
+        resolve_model(model if model is not None else settings.model),
         device,
         resolve_dtype(settings.dtype, device),
         settings.worker,
@@ -76,6 +77,26 @@ def usable_cores() -> int:
         cores = os.cpu_count() or 1
     limit = cgroup_cpu_limit()
     return max(1, min(cores, int(limit))) if limit else cores
+
+
+def memory_available(root: Path = Path("/sys/fs/cgroup")) -> int | None:
+    """Bytes a new process could still take: the kernel's MemAvailable, capped by the container's
+    memory limit (cgroup v2 memory.max - memory.current); None when neither can be read."""
+    free = None
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                free = int(line.split()[1]) * 1024
+    except (OSError, ValueError):
+        pass
+    try:
+        limit = (root / "memory.max").read_text().strip()
+        if limit != "max":
+            left = int(limit) - int((root / "memory.current").read_text())
+            free = left if free is None else min(free, left)
+    except (OSError, ValueError):
+        pass
+    return free
 
 
 def resolve_layout(settings: Settings, device: str, cores: int | None = None) -> tuple[int, int]:

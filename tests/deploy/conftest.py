@@ -109,7 +109,10 @@ def service_or_skip() -> None:
 @pytest.fixture(scope="module")
 def qtrel_serve(tiny_checkpoint, tmp_path_factory):
     service_or_skip()
-    proc = QtrelProcess(tiny_checkpoint, tmp_path_factory.mktemp("qtrel") / "serve.log")
+    # with a shadow (the same checkpoint), so that the shadow metrics the dashboard shows are served too
+    proc = QtrelProcess(
+        tiny_checkpoint, tmp_path_factory.mktemp("qtrel") / "serve.log", shadow=f"cand={tiny_checkpoint}"
+    )
     try:
         proc.wait_ready()
         yield proc

@@ -54,3 +54,25 @@ def test_batch_timeout_comes_from_the_environment_and_must_be_positive(monkeypat
     assert Settings().batch_timeout_s == 2.5
     with pytest.raises(ValidationError):
         Settings(batch_timeout_s=0)
+
+
+def test_several_models_come_from_the_environment_and_are_checked(monkeypatch):
+    from service.runtime.models import entries_of
+    from service.settings import ModelEntry
+
+    monkeypatch.setenv("QTREL_MODELS", "a=builtin:default, b=builtin:pruned")
+    assert entries_of(Settings()) == [ModelEntry("a", "builtin:default"), ModelEntry("b", "builtin:pruned")]
+    assert entries_of(Settings(models="")) == [ModelEntry(None, None)]  # the one model of `model`, as before
+    assert entries_of(Settings(models="", model="/m/x=y")) == [ModelEntry(None, "/m/x=y")]  # a bare path with "="
+    for bad, why in (("a=p,a=q", "distinct"), ("a=p,/models/q", "each needs a name"), ("a=", "no path")):
+        with pytest.raises(ValidationError, match=why):
+            Settings(models=bad)
+    with pytest.raises(ValidationError, match="shadow needs its own name"):
+        Settings(models="a=p", shadow="a=q")
+
+
+def test_serve_takes_model_several_times(capsys):
+    assert main(["serve", "--model", "a=builtin:default", "--model", "b=builtin:nope"]) == 2
+    assert "no built-in model 'nope'" in capsys.readouterr().err
+    assert main(["serve", "--model", "a=builtin:default", "--model", "a=builtin:pruned"]) == 2
+    assert "distinct" in capsys.readouterr().err

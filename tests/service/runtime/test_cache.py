@@ -103,7 +103,7 @@ def test_the_key_holds_what_changes_a_result():
 # --- through the engine -----------------------------------------------------------------------
 def forwarded(e: Engine) -> float:
     """Pairs that reached the model: the batcher's qtrel_batch_pairs observations."""
-    return e.metrics.registry.get_sample_value("qtrel_batch_pairs_sum") or 0.0
+    return e.metrics.registry.get_sample_value("qtrel_batch_pairs_sum", {"model": e.models.default.name}) or 0.0
 
 
 def sample(e: Engine, name: str, **labels) -> float:
@@ -123,12 +123,13 @@ def test_a_hit_is_what_the_forward_returned(tiny_checkpoint):
         fresh = await e.score(qs, ts, use_cache=False)  # Cache-Control: no-cache
         assert forwarded(e) == n + len(set(pairs))
         assert sample(e, "qtrel_cache_hits_total") == len(set(pairs))
-        e.generation += 1  # a reload: nothing of the old generation is served
+        e.models.default.current.generation += 1  # as a reload does: nothing of the old generation is served
         again = await e.score(qs, ts)
         assert forwarded(e) == n + 2 * len(set(pairs))
         assert sample(e, "qtrel_cache_bytes") == e.cache.bytes > 0
         assert e.describe()["cache"]["generation"] == 2
-        assert e.new_generation() == 3 and len(e.cache) == 0 == sample(e, "qtrel_cache_bytes")
+        await e.reload(e.models.default.name)  # a real reload: a new copy, the cache let go
+        assert e.generation == 3 and len(e.cache) == 0 == sample(e, "qtrel_cache_bytes")
         return miss, hit, fresh, again
 
     miss, hit, fresh, again = served(make_engine(tiny_checkpoint, cache_mb=1), body)
@@ -183,7 +184,7 @@ def test_a_request_that_leaves_does_not_take_a_shared_pair_with_it(tiny_checkpoi
         first.cancel()  # its client hung up: its own pair is dropped, the shared one still served
         out = await second
         assert len(out.outputs) == 1 and forwarded(e) == 1
-        assert sample(e, "qtrel_dropped_pairs_total", reason="cancelled") == 1
+        assert sample(e, "qtrel_dropped_pairs_total", model=e.models.default.name, reason="cancelled") == 1
 
     served(make_engine(tiny_checkpoint, cache_mb=0, max_wait_ms=300), body)
 
