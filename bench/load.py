@@ -41,7 +41,8 @@ from urllib.parse import urlsplit
 import infinity_anchor
 from results import DEV, ROOT, command_line, machine, machine_lines, output_paths, update_section, verdict, write_json
 
-TARGETS = {"vs_offline": 0.85, "p99_over_p50": 3.0, "vs_naive": 3.0, "vs_infinity": 3.0, "p50_ms": 150.0}
+# vs_infinity and p50_ms: issue 20 (64 one-pair clients >= 4x Infinity in the same run and precision, p50 <= 100 ms)
+TARGETS = {"vs_offline": 0.85, "p99_over_p50": 3.0, "vs_naive": 3.0, "vs_infinity": 4.0, "p50_ms": 100.0}
 INFINITY_PAIRS_PER_S = 112.0
 INFINITY = (
     f"Infinity anchor, measured elsewhere and not re-run here: ~{INFINITY_PAIRS_PER_S:.0f} pairs/s, "
@@ -480,6 +481,7 @@ def targets(r: dict) -> list[dict]:
                 x >= TARGETS["vs_infinity"],
             )
         )
+    if "(a)" in by:
         p50 = by["(a)"]["p50_ms"]
         out.append((f"(a) p50 <= {TARGETS['p50_ms']:g} ms ({p50:.0f} ms)", p50 <= TARGETS["p50_ms"]))
     if "(d)" in by and "(a)" in by:
