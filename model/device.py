@@ -5,6 +5,8 @@ about, so that a process which only plans where models run (the HTTP server) nee
 from __future__ import annotations
 
 import glob
+import os
+import sys
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -19,6 +21,47 @@ def cpu_has_native_bf16() -> bool:
     except OSError:
         return False
     return " avx512_bf16" in flags or " amx_bf16" in flags
+
+
+# oneDNN's ISA caps (`ONEDNN_MAX_CPU_ISA`, older `DNNL_MAX_CPU_ISA`) below AVX512_CORE_BF16: capped to one of
+# these, oneDNN has no bfloat16 matmul instructions and emulates them (measured on Zen 4 with the cap at
+# AVX2: a bf16 FFN linear at 5.5 GFLOP/s against 200 uncapped, 42 in float32; docs/benchmarks.md).
+ONEDNN_CAPS_WITHOUT_BF16 = frozenset(
+    {
+        "SSE41",
+        "AVX",
+        "AVX2",
+        "AVX2_VNNI",
+        "AVX2_VNNI_2",
+        "AVX512_CORE",
+        "AVX512_CORE_VNNI",
+        "AVX512_MIC",
+        "AVX512_MIC_4OPS",
+    }
+)
+
+
+def bf16_capped() -> str | None:
+    """Why bfloat16 would be emulated although the CPU has the instructions, or None: oneDNN capped below
+    AVX512_CORE_BF16 by its environment variable (read once, when oneDNN starts: the model process inherits
+    it), or ATen's kernels capped below AVX512 (`ATEN_CPU_CAPABILITY`, what
+    `torch.backends.cpu.get_cpu_capability()` reports; asked of torch only where it is already loaded)."""
+    for var in ("ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA"):
+        cap = os.environ.get(var, "").strip().upper()
+        if cap in ONEDNN_CAPS_WITHOUT_BF16:
+            return f"{var}={cap}"
+    if "torch" in sys.modules:
+        aten = sys.modules["torch"].backends.cpu.get_cpu_capability()
+    else:
+        aten = os.environ.get("ATEN_CPU_CAPABILITY", "").strip().upper()
+    if aten in ("DEFAULT", "AVX2", "ZVECTOR", "VSX"):
+        return f"ATen CPU capability {aten}"
+    return None
+
+
+def cpu_runs_bf16_natively() -> bool:
+    """bfloat16 instructions on the CPU and neither oneDNN nor ATen capped below them."""
+    return cpu_has_native_bf16() and bf16_capped() is None
 
 
 def resolve_device(device: str) -> torch.device:
@@ -46,14 +89,15 @@ def resolve_device_name(device: str) -> str:
 
 
 def resolve_dtype(dtype: str, device: torch.device | str) -> str:
-    """`auto`: float16 on cuda; on cpu bfloat16 where the CPU has bfloat16 instructions (measured ~2.7x
-    float32 with the predicted level unchanged on >99% of dev pairs, docs/benchmarks.md), else float32
-    (bfloat16 is emulated, ~20x slower, on AVX2-only CPUs). Any other value is kept."""
+    """`auto`: float16 on cuda; on cpu bfloat16 where the CPU has bfloat16 instructions and oneDNN may use
+    them (measured ~2.7x float32 with the predicted level unchanged on >99% of dev pairs,
+    docs/benchmarks.md), else float32 (bfloat16 is emulated, 10-40x slower, on AVX2-only CPUs and under an
+    ISA cap, `bf16_capped`). Any other value is kept."""
     if dtype != "auto":
         return dtype
     if str(device).startswith("cuda"):
         return "float16"
-    return "bfloat16" if cpu_has_native_bf16() else "float32"
+    return "bfloat16" if cpu_runs_bf16_natively() else "float32"
 
 
 def add_device_options(parser) -> None:
@@ -63,5 +107,7 @@ def add_device_options(parser) -> None:
         "--dtype",
         default="auto",
         choices=["auto", "float32", "bfloat16", "float16", "int8"],
-        help="auto: as `qtrel serve` (float16 on cuda; bfloat16 on CPUs with AVX512-BF16 or AMX, else float32)",
+        help="auto: as `qtrel serve` (float16 on cuda; bfloat16 on CPUs with AVX512-BF16 or AMX unless "
+        "ONEDNN_MAX_CPU_ISA caps oneDNN below them, else float32). int8: dynamic quantisation, measured to "
+        "change the level of ~17%% of dev pairs (docs/benchmarks.md)",
     )

@@ -77,7 +77,8 @@ class Settings(BaseSettings):
     device: str = Field("auto", description="cpu, cuda, cuda:N, or auto (cuda when available)")
     dtype: Literal["auto", "float32", "bfloat16", "float16", "int8"] = Field(
         "auto",
-        description="precision; auto = bfloat16 on CPUs with bfloat16 instructions, else float32; float16 on cuda",
+        description="precision; auto = bfloat16 on CPUs with bfloat16 instructions (unless ONEDNN_MAX_CPU_ISA caps "
+        "oneDNN below them), else float32; float16 on cuda",
     )
     max_length: int = Field(128, ge=8, le=512, description="tokens per pair, special tokens included")
     threads: int = Field(0, ge=0, description="torch intra-op threads per model process; 0 = auto")
