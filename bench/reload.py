@@ -109,7 +109,11 @@ def niceness(srv: Server) -> list[int]:
     return sorted(out)
 
 
+ADMIN_KEY = "bench-admin-key"  # the admin route is off without a key
+
+
 async def reload(a) -> dict:
+    os.environ["QTREL_ADMIN_KEYS"] = ADMIN_KEY  # the server inherits it
     srv = Server(
         f"a={a.model}", "--model", f"b={a.second}", "--reload", a.reload_mode, "--request-timeout-ms", "120000"
     )
@@ -132,7 +136,9 @@ async def reload(a) -> dict:
                 for i in range(a.reloads):
                     name = "ab"[i % 2]
                     t0 = time.monotonic()
-                    r = await c.post(f"{srv.url}/admin/models/{name}/reload")
+                    r = await c.post(
+                        f"{srv.url}/admin/models/{name}/reload", headers={"Authorization": f"Bearer {ADMIN_KEY}"}
+                    )
                     windows.append((t0, time.monotonic()))
                     body = r.json()
                     swaps.append({"model": name, "status": r.status_code, "seconds": round(time.monotonic() - t0, 2)})

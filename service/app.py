@@ -19,7 +19,7 @@ from service.http import errors, openapi
 from service.http.admin import admin_router
 from service.http.admin import router as models_router
 from service.http.cohere import router as compat_router
-from service.http.deps import require_admin_key, require_api_key
+from service.http.deps import admin_off, require_admin_key, require_api_key
 from service.http.errors import as_service_error, error_response, response_for
 from service.http.explain import explain_routers
 from service.http.routes import metrics_router, ops_router, router
@@ -242,8 +242,8 @@ def create_app(
     explain_api, explain_page = explain_routers(settings)
     for protected in (*PROTECTED_ROUTERS, explain_api):
         app.include_router(protected, dependencies=auth)
-    admin = [Depends(require_admin_key)] if settings.keys or settings.admin_keyring.keys else []
-    app.include_router(admin_router, dependencies=admin)
+    guard = require_admin_key if settings.keys or settings.admin_keyring.keys else admin_off
+    app.include_router(admin_router, dependencies=[Depends(guard)])
     app.include_router(metrics_router, dependencies=auth if settings.protect_metrics else [])
     app.include_router(ops_router)  # health: always open
     app.include_router(explain_page)  # static; its /explain calls carry the key

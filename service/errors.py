@@ -15,6 +15,7 @@ class ErrorKind(str, Enum):
     VALIDATION = "validation"  # well-formed but wrong: types, empty texts, unknown options
     TOO_LARGE = "payload_too_large"  # body, pair count or text length over a limit
     UNAUTHORIZED = "unauthorized"  # no, a malformed or a wrong API key
+    FORBIDDEN = "forbidden"  # the admin routes, where no key is set to guard them
     NOT_FOUND = "not_found"
     MODEL_NOT_FOUND = "model_not_found"  # a model the server does not serve (with several served)
     CONFLICT = "conflict"  # a reload of that model is already under way

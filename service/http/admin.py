@@ -56,7 +56,7 @@ async def models(engine: EngineDep):
 @admin_router.post(
     "/admin/models/{name}/reload",
     response_model=ModelCard,
-    responses={c: ERRORS.get(c, ERRORS[422]) for c in (401, 404, 409, 422, 503)},
+    responses={c: ERRORS.get(c, ERRORS[422]) for c in (401, 403, 404, 409, 422, 503)},
 )
 async def reload(name: str, engine: EngineDep, body: Annotated[ReloadRequest | None, Body()] = None):
     """Load the model again (or from `path`), beside the serving copy, and switch to it once warm: no

@@ -72,8 +72,17 @@ async def require_admin_key(
     request: Request, credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]
 ) -> None:
     """The admin routes' key: one of the admin keys (settings admin_keys, admin_keys_file), or of the API
-    keys when no admin key is set; 401 otherwise. No keys at all: open, as every route is."""
+    keys when no admin key is set; 401 otherwise. With no key at all the routes take `admin_off`."""
     _match(request.state.settings.admin_keyring, credentials, "admin key")
+
+
+async def admin_off() -> None:
+    """The admin routes where no key is set: 403, off. A reload from any path by whoever reaches the port
+    is not a default; SIGHUP needs no key."""
+    raise ServiceError(
+        ErrorKind.FORBIDDEN,
+        "the admin routes are off: set QTREL_ADMIN_KEYS (or QTREL_API_KEYS) to use them; SIGHUP reloads without a key",
+    )
 
 
 def _match(ring, credentials: HTTPAuthorizationCredentials | None, what: str) -> str | None:

@@ -35,6 +35,7 @@ STATUS = {
     ErrorKind.VALIDATION: 422,
     ErrorKind.TOO_LARGE: 413,
     ErrorKind.UNAUTHORIZED: 401,
+    ErrorKind.FORBIDDEN: 403,
     ErrorKind.NOT_FOUND: 404,
     ErrorKind.MODEL_NOT_FOUND: 404,
     ErrorKind.CONFLICT: 409,

@@ -31,7 +31,7 @@ router = APIRouter()  # scoring and /info: protected by an API key when keys are
 ops_router = APIRouter()  # health: always open (probes carry no key)
 metrics_router = APIRouter()  # /metrics: open unless protect_metrics
 ERRORS: dict[int | str, dict[str, Any]] = {
-    c: {"model": ErrorBody} for c in (400, 401, 404, 408, 413, 422, 429, 499, 500, 503)
+    c: {"model": ErrorBody} for c in (400, 401, 403, 404, 408, 413, 422, 429, 499, 500, 503)
 }
 log = logging.getLogger("qtrel.http")
 LOGGED_TEXTS = 20  # with log_texts on, the first queries and titles of a request logged at debug

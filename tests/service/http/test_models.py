@@ -148,7 +148,9 @@ def hammer(url: str, stop: threading.Event, statuses: list[int], model: str | No
 @pytest.mark.parametrize("mode", ["beside", "in_place"])
 def test_reloads_under_load_fail_no_request(tiny_checkpoint, second_checkpoint, mode):
     models = f"a={tiny_checkpoint},b={second_checkpoint}"
-    with live_server(tiny_checkpoint, models=models, reload=mode, worker="thread", warmup=False) as srv:
+    with live_server(
+        tiny_checkpoint, models=models, reload=mode, worker="thread", warmup=False, admin_keys=ADMIN
+    ) as srv:
         stop, statuses = threading.Event(), []
         threads = [threading.Thread(target=hammer, args=(srv.url, stop, statuses, m)) for m in ("a", "a", "b")]
         for t in threads:
@@ -156,7 +158,7 @@ def test_reloads_under_load_fail_no_request(tiny_checkpoint, second_checkpoint, 
         try:
             for _ in range(3):
                 time.sleep(0.3)
-                r = reload(srv, "a", key=None)
+                r = reload(srv, "a")
                 assert r.status_code == 200 and r.json()["last_reload"]["mode"] == mode, r.text
         finally:
             time.sleep(0.3)
@@ -185,11 +187,20 @@ def test_admin_keys_and_api_keys_do_not_stand_in_for_each_other(tiny_checkpoint)
         assert httpx.get(srv.url + "/v1/models").status_code == 401
 
 
+def test_the_admin_route_is_off_where_no_key_guards_it(tiny_checkpoint):
+    with live_server(tiny_checkpoint, worker="thread", warmup=False) as srv:
+        name = httpx.get(srv.url + "/v1/models").json()["data"][0]["id"]
+        r = reload(srv, name, key=None)
+        assert r.status_code == 403 and r.json()["error_type"] == "forbidden"
+        assert "QTREL_ADMIN_KEYS" in r.json()["error"]
+        assert httpx.get(srv.url + "/v1/models").json()["data"][0]["generation"] == 1  # nothing reloaded
+
+
 def test_a_second_reload_of_the_same_model_meanwhile_is_409(tiny_checkpoint):
-    with live_server(tiny_checkpoint, worker="thread") as srv:
+    with live_server(tiny_checkpoint, worker="thread", admin_keys=ADMIN) as srv:
         name = httpx.get(srv.url + "/v1/models").json()["data"][0]["id"]
         results: list[httpx.Response] = []
-        calls = [threading.Thread(target=lambda: results.append(reload(srv, name, key=None))) for _ in range(2)]
+        calls = [threading.Thread(target=lambda: results.append(reload(srv, name))) for _ in range(2)]
         for t in calls:
             t.start()
         for t in calls:
