@@ -3,7 +3,8 @@
 Starts `qtrel serve --model DIR` as a subprocess (or targets --url, loopback only), waits for
 /health/ready, and drives it from this process (its own event loop, never the server's):
   (a) 64 concurrent clients, one pair per request;
-  (b) 8 clients, one query x 50 titles per request (real dev queries with their titles, repeated to 50);
+  (b) 8 clients, one query x 50 titles per request (real dev queries with their titles, then other dev
+      titles up to 50, all distinct);
   (c) an open-loop Poisson arrival schedule of one-pair requests at 70% of (a)'s throughput;
   (d) scenario (a) against bench/naive_server.py (transformers, one forward per request);
   (e) scenario (a) against Infinity (`bench/infinity_anchor.py`) in the same precision, where it is
@@ -81,13 +82,18 @@ def one_pair_bodies(rows: list[dict], n: int) -> tuple[list[Body], list[tuple[st
 
 
 def query_bodies(rows: list[dict], n_queries: int, n_titles: int) -> tuple[list[Body], list[tuple[str, str]]]:
-    """One body per dev query with its own titles, repeated in turn up to n_titles."""
+    """One body per dev query: its own titles, then other dev titles up to n_titles, all distinct (the
+    server computes a repeated pair once, so repeats would measure its dedup, not the forward path)."""
     by_query: dict[str, list[str]] = {}
     for r in rows:
         by_query.setdefault(r["query"], []).append(r["title"])
+    pool = list(dict.fromkeys(r["title"] for r in rows))
     bodies, pairs = [], []
-    for q, titles in list(by_query.items())[:n_queries]:
-        titles = [t for t, _ in zip(cycle(titles), range(n_titles))]
+    for i, (q, own) in enumerate(list(by_query.items())[:n_queries]):
+        titles = list(dict.fromkeys(own))
+        others = (t for t in pool[i * n_titles :] + pool if t not in titles)
+        titles += [t for t, _ in zip(others, range(n_titles - len(titles)))]
+        titles = titles[:n_titles]
         bodies.append((json.dumps({"query": q, "titles": titles, "return_probs": False}).encode(), n_titles))
         pairs += [(q, t) for t in titles]
     return bodies, pairs
