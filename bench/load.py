@@ -700,7 +700,7 @@ def main() -> int:
     report["notes"] = [
         inf_note,
         f"Pools: (a), (c), (d) cycle through the first {len(pairs_a)} dev pairs; (b) through "
-        f"{len(bodies_b)} dev queries, each with its own titles repeated up to {a.titles}.",
+        f"{len(bodies_b)} dev queries, each with its own titles then other dev titles up to {a.titles}, all distinct.",
         "(c) latency is measured from each request's scheduled arrival (no coordinated omission).",
         "(d) answers each request with its own forward on FastAPI's thread pool (several at once), "
         f"torch threads = {a.cores}, the same checkpoint in transformers (sdpa, float32).",
