@@ -217,6 +217,8 @@ def calibrate(
     ds = read_labelled(data_file, model.labels)
     logits = score_dataset(model, ds.examples).logits
     negatives = sample_negatives(ds, 0.25, seed=0) if unrelated is not None else []
+    if unrelated is not None and not negatives:
+        raise ValueError(f"--unrelated: {data_file} has too few pairs to sample unrelated titles from")
     neg_logits = score_dataset(model, negatives).logits if negatives else None
     y = torch.tensor(ds.labels)
     if bias:
