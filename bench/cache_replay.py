@@ -31,8 +31,7 @@ import sys
 import time
 from collections import defaultdict
 
-import aiohttp
-from live import Server, pct
+from live import Server, pct, post_all
 from results import DEV, ROOT, command_line, machine, machine_lines, output_paths, update_section, write_json
 
 Trace = list[tuple[str, list[str]]]  # (query, titles) per request
@@ -74,29 +73,9 @@ def repeated_share(trace: Trace) -> float:
 
 async def replay(url: str, trace: Trace, clients: int) -> dict:
     bodies = [json.dumps({"query": q, "titles": ts, "return_probs": False}).encode() for q, ts in trace]
-    answers: list[list[float] | None] = [None] * len(trace)
-    latencies: list[float] = []
-    failed = 0
-    next_i = 0
-
-    async def client(session: aiohttp.ClientSession) -> None:
-        nonlocal next_i, failed
-        while next_i < len(bodies):
-            i, next_i = next_i, next_i + 1
-            t0 = time.perf_counter()
-            async with session.post(url + "/score", data=bodies[i], headers={"content-type": "application/json"}) as r:
-                body = await r.read()
-            latencies.append(time.perf_counter() - t0)
-            if r.status != 200:
-                failed += 1
-                continue
-            answers[i] = [x["score"] for x in json.loads(body)["results"]]
-
-    conn = aiohttp.TCPConnector(limit=clients)
-    async with aiohttp.ClientSession(connector=conn, timeout=aiohttp.ClientTimeout(total=300)) as session:
-        t0 = time.perf_counter()
-        await asyncio.gather(*(client(session) for _ in range(clients)))
-        wall = time.perf_counter() - t0
+    got, latencies, wall = await post_all(url + "/score", bodies, clients)
+    answers = [None if a is None else [x["score"] for x in a["results"]] for a in got]
+    failed = answers.count(None)
     pairs = sum(len(ts) for _, ts in trace)
     return {
         "pairs": pairs,

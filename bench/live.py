@@ -97,6 +97,39 @@ class Server:
                 os.killpg(self.proc.pid, signal.SIGKILL)
 
 
+async def post_all(
+    url: str, bodies: list[bytes], clients: int, timeout: float = 300
+) -> tuple[list, list[float], float]:
+    """POST every JSON body to `url` from `clients` closed-loop aiohttp clients (each takes the next body):
+    (per body its parsed answer, None where not 200; latencies in seconds; wall seconds)."""
+    import asyncio
+    import json
+
+    import aiohttp
+
+    answers: list = [None] * len(bodies)
+    latencies: list[float] = []
+    next_i = 0
+
+    async def client(session: aiohttp.ClientSession) -> None:
+        nonlocal next_i
+        while next_i < len(bodies):
+            i, next_i = next_i, next_i + 1
+            t0 = time.perf_counter()
+            async with session.post(url, data=bodies[i], headers={"content-type": "application/json"}) as r:
+                raw = await r.read()
+            latencies.append(time.perf_counter() - t0)
+            if r.status == 200:
+                answers[i] = json.loads(raw)
+
+    conn = aiohttp.TCPConnector(limit=clients)
+    async with aiohttp.ClientSession(connector=conn, timeout=aiohttp.ClientTimeout(total=timeout)) as session:
+        t0 = time.perf_counter()
+        await asyncio.gather(*(client(session) for _ in range(clients)))
+        wall = time.perf_counter() - t0
+    return answers, latencies, wall
+
+
 def pct(xs: list[float], q: float) -> float | None:
     if not xs:
         return None

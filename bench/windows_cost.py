@@ -16,10 +16,8 @@ import csv
 import json
 import random
 import statistics
-import time
 
-import aiohttp
-from live import Server, pct
+from live import Server, pct, post_all
 from results import DEV, command_line, machine, machine_lines, output_paths, update_section, write_json
 
 MODES = {"truncated (default)": None, "max_chunks 2": 2, "max_chunks 8": 8}
@@ -44,27 +42,9 @@ async def replay(url: str, trace, max_chunks: int | None, overlap: int, clients:
         if max_chunks:
             body |= {"max_chunks": max_chunks, "chunk_overlap": overlap}
         bodies.append(json.dumps(body).encode())
-    latencies: list[float] = []
-    windows: list[int] = []
-    failed, next_i = 0, 0
-
-    async def client(session: aiohttp.ClientSession) -> None:
-        nonlocal next_i, failed
-        while next_i < len(bodies):
-            i, next_i = next_i, next_i + 1
-            t0 = time.perf_counter()
-            async with session.post(url + "/score", data=bodies[i], headers={"content-type": "application/json"}) as r:
-                raw = await r.read()
-            latencies.append(time.perf_counter() - t0)
-            if r.status != 200:
-                failed += 1
-                continue
-            windows.extend(x.get("window", {}).get("count", 1) for x in json.loads(raw)["results"])
-
-    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=clients)) as session:
-        t0 = time.perf_counter()
-        await asyncio.gather(*(client(session) for _ in range(clients)))
-        wall = time.perf_counter() - t0
+    got, latencies, wall = await post_all(url + "/score", bodies, clients)
+    failed = got.count(None)
+    windows = [x.get("window", {}).get("count", 1) for a in got if a is not None for x in a["results"]]
     docs = sum(len(d) for _, d in trace)
     return {"docs_per_s": docs / wall, "windows_per_doc": statistics.mean(windows) if windows else 0,
             "p50_ms": pct(latencies, 0.5), "p99_ms": pct(latencies, 0.99), "failed": failed}  # fmt: skip
