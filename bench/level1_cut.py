@@ -14,7 +14,6 @@ p(level 1). Logits are computed once per checkpoint.
 from __future__ import annotations
 
 import argparse
-import csv
 import json
 import sys
 from pathlib import Path
@@ -23,16 +22,14 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from calibration_variants import DEV, off_domain_pairs, variants  # noqa: E402  (the bench folder is on the path)
+
 from model.data import read_labelled  # noqa: E402
 from model.relevance import RelevanceModel  # noqa: E402
 from model.scoring import LevelRule, fit_cuts, score_logits  # noqa: E402
-from model.train.calibrate import fit_temperature, fit_vector_scaling, isotonic_rmse  # noqa: E402
+from model.train.calibrate import isotonic_rmse  # noqa: E402
 from model.train.evaluate import metrics_of, negatives_report, score_dataset  # noqa: E402
 from model.train.negatives import sample_negatives  # noqa: E402
-
-ROOT = Path(__file__).resolve().parent.parent
-DEV = ROOT.parent / "shared" / "data" / "homedepot" / "dev.csv"
-OFF_DOMAIN = ROOT / "tests" / "data" / "off_domain_titles.csv"
 
 
 def sweep(path: str, ds, fit_negs, test_negs, off_pairs) -> list[dict]:
@@ -43,12 +40,7 @@ def sweep(path: str, ds, fit_negs, test_negs, off_pairs) -> list[dict]:
     off = m.encoded_logits(m.encode(off_pairs))
     y = torch.tensor(ds.labels)
     k = len(m.labels)
-    calibrations = {"temperature": (fit_temperature(judged, y), torch.zeros(k))}
-    calibrations["vector"] = fit_vector_scaling(judged, y)
-    both, yy = torch.cat([judged, neg]), torch.cat([y, torch.zeros(len(neg), dtype=torch.long)])
-    for w in (0.1, 0.3):
-        weights = torch.cat([torch.ones(len(judged)), torch.full((len(neg),), w)])
-        calibrations[f"vector+{w}neg"] = fit_vector_scaling(both, yy, weights)
+    calibrations = {name: tb for name, tb in variants(judged, neg, y).items() if name != "raw"}
     rows = []
     for name, (t, b) in calibrations.items():
         plain_j = score_logits(judged / t + b, m.values, LevelRule())
@@ -97,9 +89,7 @@ def main() -> None:
     torch.set_num_threads(a.threads)
     ds = read_labelled(a.data, ["1", "2", "3", "4", "5"])
     fit_negs, test_negs = sample_negatives(ds, 0.25, seed=0), sample_negatives(ds, 0.25, seed=1)
-    with OFF_DOMAIN.open(encoding="utf-8") as f:
-        off_pairs = [(r["query"], r["title"]) for r in csv.DictReader(f)]
-    rows = [r for p in a.checkpoints for r in sweep(p, ds, fit_negs, test_negs, off_pairs)]
+    rows = [r for p in a.checkpoints for r in sweep(p, ds, fit_negs, test_negs, off_domain_pairs())]
     if a.out:
         Path(a.out).write_text(json.dumps({"data": a.data, "rows": rows}, indent=1) + "\n")
 
