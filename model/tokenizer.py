@@ -163,6 +163,10 @@ class PairTokenizer:
     def tokens(self, ids: Sequence[int]) -> list[str]:
         return [self._tok.id_to_token(i) or "[UNK]" for i in ids]
 
+    def vocabulary(self) -> list[str]:
+        """Every vocabulary entry, in id order."""
+        return [t for t, _ in sorted(self._tok.get_vocab().items(), key=lambda kv: kv[1])]
+
     def token_id(self, token: str) -> int | None:
         """Id of one vocabulary entry (e.g. "[MASK]"), or None when the vocabulary lacks it."""
         return self._tok.token_to_id(token)

@@ -32,6 +32,7 @@ HELP = {
     "mse_weight": "weight of the squared error of the expected level beside cross-entropy",
     "patience": "stop after this many dev evaluations without improvement (0: never)",
     "hard_negatives": "share of the negatives drawn hard: a word shared with the query, its head term missing",
+    "foreign_negatives": "share of the negatives drawn foreign: catalogue titles in vocabulary words no title uses",
     "autocast": "none, or bfloat16: the forward under bfloat16 autocast (fast on AVX512-BF16/AMX CPUs only)",
     "keep_evals": "1: keep the checkpoint of every dev evaluation in <out>/step-N/ (for averaging, choosing)",
 }
@@ -67,5 +68,6 @@ class TrainArgs:
     patience: int = 0  # stop after this many dev evaluations without a better checkpoint (0 = never)
     dev_negatives: float = 1.0  # negatives per dev pair for the dev report (0 = none)
     hard_negatives: float = 0.0  # share of the negatives that are hard (model.train.negatives)
+    foreign_negatives: float = 0.0  # share of the negatives that are foreign (model.train.negatives)
     autocast: str = "none"  # "bfloat16": the forward under bfloat16 autocast
     keep_evals: int = 0  # 1: a checkpoint per dev evaluation in <out>/step-N/

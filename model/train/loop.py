@@ -4,7 +4,8 @@ The loss is cross-entropy over the levels (optionally label-smoothed) plus, with
 squared error of the expected level: a term that knows the levels are ordered (predicting 4 for a 5 costs
 less than predicting 1). With `negatives`, each epoch adds freshly sampled unrelated pairs (catalogue
 titles judged for other queries, level 1; model.train.negatives), `hard_negatives` of them hard ones (a shared
-word, the head term missing). `autocast bfloat16` runs the forward under bfloat16 autocast: 1.5x faster a
+word, the head term missing), `foreign_negatives` of them made of vocabulary words no catalogue title
+uses. `autocast bfloat16` runs the forward under bfloat16 autocast: 1.5x faster a
 step on an AMD EPYC (Zen 4, AVX512-BF16), emulated and ~20x slower on AVX2-only CPUs.
 
 Output is a Hugging Face-format checkpoint (the best one on the dev file) plus `training_args.json`;
@@ -18,6 +19,7 @@ import logging
 import math
 import random
 import time
+from collections.abc import Sequence
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any, NotRequired, TypedDict
@@ -33,7 +35,7 @@ from model.relevance import RelevanceModel, level_values, new_from_encoder, pad_
 from model.tokenizer import PairTokenizer
 from model.train.args import SELECT, TrainArgs
 from model.train.evaluate import metrics_of, negatives_report, score_dataset
-from model.train.negatives import with_negatives
+from model.train.negatives import vocabulary_words, with_negatives
 
 log = logging.getLogger("qtrel.train")
 
@@ -66,11 +68,13 @@ def _build(args: TrainArgs) -> tuple[BertForRelevance, PairTokenizer, str]:
     return module, tok, "continue"
 
 
-def epoch_data(train_ds: Dataset, args: TrainArgs, epoch: int) -> Dataset:
-    """The judged pairs plus this epoch's negatives (a fresh, seeded draw per epoch)."""
+def epoch_data(train_ds: Dataset, args: TrainArgs, epoch: int, words: Sequence[str] = ()) -> Dataset:
+    """The judged pairs plus this epoch's negatives (a fresh, seeded draw per epoch); foreign ones are
+    made of `words` (the tokenizer's, `vocabulary_words`)."""
     if not args.negatives:
         return train_ds
-    return with_negatives(train_ds, args.negatives, seed=args.seed * 1000 + epoch, hard=args.hard_negatives)
+    seed = args.seed * 1000 + epoch
+    return with_negatives(train_ds, args.negatives, seed, args.hard_negatives, args.foreign_negatives, words)
 
 
 def loss_fn(logits: Tensor, labels: Tensor, values: Tensor, args: TrainArgs) -> Tensor:
@@ -100,6 +104,8 @@ def check_args(args: TrainArgs) -> None:
         raise ValueError("--negatives and --mse-weight must be >= 0, --label-smoothing in [0, 1)")
     if args.autocast not in AUTOCAST or not 0 <= args.hard_negatives <= 1:
         raise ValueError(f"--autocast must be one of {sorted(AUTOCAST)}, --hard-negatives in [0, 1]")
+    if not 0 <= args.foreign_negatives <= 1 - args.hard_negatives:
+        raise ValueError("--foreign-negatives must be in [0, 1 - --hard-negatives]")
 
 
 def optimizer(
@@ -216,7 +222,8 @@ def train(args: TrainArgs) -> dict:
         module, tok, how = _build(args)
     device = torch.device(args.device)
     module.to(device).train()
-    steps_per_epoch = math.ceil(len(epoch_data(train_ds, args, 0)) / args.batch_size)  # the same every epoch
+    words = vocabulary_words(tok.vocabulary()) if args.foreign_negatives else []
+    steps_per_epoch = math.ceil(len(epoch_data(train_ds, args, 0, words)) / args.batch_size)  # the same every epoch
     total = math.ceil(args.epochs * steps_per_epoch)
     total = min(total, args.max_steps) if args.max_steps else total
     warmup = int(args.warmup_ratio * total)
@@ -233,7 +240,7 @@ def train(args: TrainArgs) -> dict:
     eval_every, state, t0, stop = args.eval_every or steps_per_epoch, run.state, time.perf_counter(), False
     while state["step"] < total and not stop:
         epoch = state["step"] // steps_per_epoch
-        ds = epoch_data(train_ds, args, epoch)
+        ds = epoch_data(train_ds, args, epoch, words)
         enc = tok.encode([e.query for e in ds.examples], [e.title for e in ds.examples])
         labels = torch.tensor(ds.labels)
         batches = length_sorted_batches(enc.lengths, args.batch_size, random.Random(args.seed + epoch))

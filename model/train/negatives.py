@@ -10,13 +10,21 @@ Hard negatives (`sample_hard_negatives`) are closer to what retrieval returns: a
 query that shares a word with this one, but without this query's head term (its last word, as in
 "cordless *drill*"): the same shop's aisle, not the product asked for ("cordless impact driver" for
 "cordless drill"). Some are partly relevant to a rater, so they are mixed with random ones, not used alone.
+
+Foreign negatives (`sample_foreign_negatives`) stand for the titles of other shops and domains (books,
+food, clothes) that a general retriever returns and a one-shop catalogue never shows: words of the
+tokenizer's vocabulary that no catalogue title uses, put in place of a catalogue title's words. Catalogue
+negatives alone taught "a home-improvement title without the head term is level 1" and left titles from
+elsewhere at level 2-3 (docs/model-card.md, v3a).
 """
 
 from __future__ import annotations
 
+import functools
 import random
 import re
 from collections import defaultdict
+from collections.abc import Iterable, Sequence
 
 from model.data import Dataset, Example
 
@@ -146,13 +154,69 @@ def sample_hard_negatives(ds: Dataset, ratio: float, seed: int, label: int = 0) 
     return out
 
 
-def with_negatives(ds: Dataset, ratio: float, seed: int, hard: float = 0.0) -> Dataset:
-    """`ds` followed by its sampled negatives (level index 0); the share `hard` of them hard ones."""
-    if not 0 <= hard <= 1:
-        raise ValueError(f"the hard share of the negatives must be in [0, 1], got {hard}")
+def vocabulary_words(vocab: Iterable[str]) -> list[str]:
+    """The whole alphabetic words of a WordPiece vocabulary (no "##" pieces, no [special] entries), sorted."""
+    return sorted({t for t in vocab if len(t) >= 3 and t.isalpha() and t.isascii()})
+
+
+def sample_foreign_negatives(
+    ds: Dataset, ratio: float, seed: int, words: Sequence[str], label: int = 0, keep: float = 0.2
+) -> list[Example]:
+    """`round(ratio * len(ds))` foreign negatives (module docstring): a judged pair's query with a random
+    catalogue title whose words of three letters or more are swapped for `words` the catalogue never
+    uses; numbers, sizes, units and punctuation stay, so the title keeps a title's shape ("Organic
+    bananas, 1 lb"), and each word stays with probability `keep` unless the query has it (at least one
+    is swapped where there is one). Deterministic for a seed."""
+    if ratio < 0:
+        raise ValueError(f"negatives ratio must be >= 0, got {ratio}")
+    n = round(ratio * len(ds))
+    if n == 0:
+        return []
+    titles = sorted({e.title for e in ds.examples})
+    own = {w for t in titles for w in _WORD.findall(t.lower())}
+    foreign = sorted(set(words) - own)
+    if not foreign or not titles:
+        raise ValueError("foreign negatives need a catalogue and vocabulary words outside it")
+    rng = random.Random(seed)
+
+    out = []
+    for _ in range(n):
+        anchor = ds.examples[rng.randrange(len(ds))]
+        banned = set(_WORD.findall(anchor.query.lower())) | content_words(anchor.query)
+
+        template = titles[rng.randrange(len(titles))]
+        swap = functools.partial(_swap, rng=rng, banned=banned, foreign=foreign)
+        title = _TITLE_WORD.sub(functools.partial(swap, keep=keep), template)
+        if title == template:  # every word kept (or none to swap): swap them all
+            title = _TITLE_WORD.sub(functools.partial(swap, keep=0.0), template)
+        out.append(Example(anchor.query, title, label, relevance=1.0 if anchor.relevance is not None else None))
+    return out
+
+
+_TITLE_WORD = re.compile(r"[A-Za-z]{3,}")
+
+
+def _swap(m: re.Match, rng: random.Random, keep: float, banned: set[str], foreign: list[str]) -> str:
+    """One title word: kept if a unit, or with probability `keep` if not the query's; else a foreign word."""
+    w = m.group(0).lower()
+    if w in _GENERIC or (rng.random() < keep and w not in banned and _stem(w) not in banned):
+        return m.group(0)
+    return foreign[rng.randrange(len(foreign))]
+
+
+def with_negatives(
+    ds: Dataset, ratio: float, seed: int, hard: float = 0.0, foreign: float = 0.0, words: Sequence[str] = ()
+) -> Dataset:
+    """`ds` followed by its sampled negatives (level index 0); the share `hard` of them hard ones, the
+    share `foreign` foreign ones made of `words`."""
+    if not 0 <= hard <= 1 or not 0 <= foreign <= 1 or hard + foreign > 1:
+        raise ValueError(f"the hard and foreign shares must be in [0, 1] and sum to at most 1, got {hard}, {foreign}")
     n_hard = round(ratio * hard * len(ds))
-    n_random = round(ratio * len(ds)) - n_hard
+    n_foreign = round(ratio * foreign * len(ds))
+    n_random = round(ratio * len(ds)) - n_hard - n_foreign
     negs = sample_negatives(ds, n_random / len(ds), seed) if ds.examples else []
     if n_hard:
         negs += sample_hard_negatives(ds, n_hard / len(ds), seed + 1)
+    if n_foreign:
+        negs += sample_foreign_negatives(ds, n_foreign / len(ds), seed + 2, words)
     return Dataset(ds.examples + negs, path=ds.path)

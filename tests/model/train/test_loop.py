@@ -207,9 +207,9 @@ def test_an_encoder_tensor_of_another_shape_is_refused_not_trained_as_pretrained
         new_from_encoder(base)
 
 
-def test_bfloat16_autocast_hard_negatives_and_a_checkpoint_per_evaluation(tiny_checkpoint, data, tmp_path):
+def test_bfloat16_autocast_hard_and_foreign_negatives_and_a_checkpoint_per_evaluation(tiny_checkpoint, data, tmp_path):
     out = tmp_path / "out"
-    kw = dict(max_steps=6, eval_every=3, negatives=0.5, hard_negatives=0.5, dev_negatives=0.0)
+    kw = dict(max_steps=6, eval_every=3, negatives=0.5, hard_negatives=0.5, foreign_negatives=0.25, dev_negatives=0.0)
     summary = train(args(tiny_checkpoint, data, out, autocast="bfloat16", keep_evals=1, **kw))
     assert summary["steps"] == 6 and all(torch.isfinite(torch.tensor(summary["losses"])))
     for step in (3, 6):
@@ -217,3 +217,5 @@ def test_bfloat16_autocast_hard_negatives_and_a_checkpoint_per_evaluation(tiny_c
     RelevanceModel.load(out / "step-3")  # a plain checkpoint, float32
     with pytest.raises(ValueError, match="--autocast"):
         train(args(tiny_checkpoint, data, tmp_path / "bad", autocast="float16", max_steps=1))
+    with pytest.raises(ValueError, match="--foreign-negatives"):
+        train(args(tiny_checkpoint, data, tmp_path / "bad", hard_negatives=0.8, foreign_negatives=0.3, max_steps=1))

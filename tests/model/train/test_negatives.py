@@ -2,18 +2,24 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from model.data import Dataset, Example, read_labelled
+from model.tokenizer import PairTokenizer
 from model.train.negatives import (
+    _GENERIC,
     hard_candidates,
     head_term,
     judged_titles,
+    sample_foreign_negatives,
     sample_hard_negatives,
     sample_negatives,
+    vocabulary_words,
     with_negatives,
 )
-from tests.conftest import shared_data
+from tests.conftest import ROOT, shared_data
 
 LEVELS = ["1", "2", "3", "4", "5"]
 
@@ -118,3 +124,37 @@ def test_a_hard_share_of_the_negatives_on_the_real_catalogue(train):
     assert plain.examples == with_negatives(train, 0.6, seed=0, hard=0.0).examples  # no share: as before
     with pytest.raises(ValueError, match=r"\[0, 1\]"):
         with_negatives(train, 0.6, seed=0, hard=1.5)
+
+
+def test_foreign_negatives_keep_a_titles_shape_and_use_no_word_of_the_query(train):
+    words = vocabulary_words(PairTokenizer.from_dir(ROOT / "model" / "default").vocabulary())
+    assert "drill" in words and not any(w.startswith("##") or w.startswith("[") for w in words)
+    own = {w for e in train.examples for w in re.findall(r"[a-z]+", e.title.lower())}
+    negs = sample_foreign_negatives(train, 0.2, seed=3, words=words)
+    assert len(negs) == round(0.2 * len(train)) and all(n.label == 0 and n.relevance == 1.0 for n in negs)
+    titles = {e.title for e in train.examples}
+    foreign_words = 0
+    for n in negs:
+        assert n.title not in titles
+        query_words = set(re.findall(r"[a-z]+", n.query.lower()))
+        title_words = re.findall(r"[a-z]{3,}", n.title.lower())
+        assert not (set(title_words) & query_words) - _GENERIC  # only a unit the title had may remain
+        foreign_words += sum(w not in own for w in title_words)
+        assert all(w in own or w in words for w in title_words)
+    assert foreign_words > 0.5 * sum(len(re.findall(r"[a-z]{3,}", n.title.lower())) for n in negs)
+    # numbers and units stay: the titles keep a catalogue title's shape
+    assert sum(bool(re.search(r"\d", n.title)) for n in negs) > 0.5 * len(negs)
+    again = sample_foreign_negatives(train, 0.2, seed=3, words=words)
+    assert [(n.query, n.title) for n in again] == [(n.query, n.title) for n in negs]
+
+
+def test_foreign_share_of_the_negatives_and_its_bounds(train):
+    words = vocabulary_words(PairTokenizer.from_dir(ROOT / "model" / "default").vocabulary())
+    both = with_negatives(train, 0.5, seed=0, hard=0.3, foreign=0.2, words=words)
+    negs = both.examples[len(train) :]
+    assert len(negs) == round(0.5 * len(train))
+    assert sum(n.title not in {e.title for e in train.examples} for n in negs) == round(0.5 * 0.2 * len(train))
+    with pytest.raises(ValueError, match="sum to at most 1"):
+        with_negatives(train, 0.5, seed=0, hard=0.6, foreign=0.5, words=words)
+    with pytest.raises(ValueError, match="vocabulary words outside"):
+        sample_foreign_negatives(train, 0.1, seed=0, words=["drill"])
