@@ -136,9 +136,9 @@ def _cmd_serve(a) -> int:
     from service.settings import Settings, parse_entry
 
     overrides = {k: v for k, v in vars(a).items() if k in Settings.model_fields and v is not None}
-    if given := overrides.pop("model", None):
+    if given := overrides.pop("model", None):  # the flag replaces QTREL_MODEL and QTREL_MODELS alike
         one = len(given) == 1 and parse_entry(given[0]).name is None  # a bare path or builtin, as before
-        overrides["model" if one else "models"] = given[0] if one else ",".join(given)
+        overrides.update(model=given[0], models="") if one else overrides.update(model=None, models=",".join(given))
     try:
         settings = Settings(**overrides)
     except ValidationError as e:

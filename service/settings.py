@@ -185,6 +185,8 @@ class Settings(BaseSettings):
             )
         self._keyring = KeyRing(split_keys(self.api_keys.get_secret_value(), ","), self.api_keys_file)
         self._admin_keyring = KeyRing(split_keys(self.admin_keys.get_secret_value(), ","), self.admin_keys_file)
+        if self.model and self.models:
+            raise ValueError("set model (QTREL_MODEL) or models (QTREL_MODELS), not both: which to serve is unclear")
         if self.models or self.shadow:
             names = [e.name for e in parse_models(self.models)]  # ValueError: a clear settings error
             if self.shadow and parse_entry(self.shadow).name in (None, *names):

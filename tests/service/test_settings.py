@@ -69,6 +69,18 @@ def test_several_models_come_from_the_environment_and_are_checked(monkeypatch):
             Settings(models=bad)
     with pytest.raises(ValidationError, match="shadow needs its own name"):
         Settings(models="a=p", shadow="a=q")
+    with pytest.raises(ValidationError, match="not both"):
+        Settings(model="builtin:pruned")  # QTREL_MODELS is set too: which to serve is unclear
+
+
+def test_the_model_flag_replaces_the_models_of_the_environment(monkeypatch, capsys):
+    monkeypatch.setenv("QTREL_MODELS", "a=builtin:from-env")
+    assert main(["serve", "--model", "builtin:from-flag"]) == 2
+    assert "no built-in model 'from-flag'" in capsys.readouterr().err
+    monkeypatch.setenv("QTREL_MODEL", "builtin:from-env")
+    monkeypatch.delenv("QTREL_MODELS")
+    assert main(["serve", "--model", "a=builtin:default", "--model", "b=builtin:from-flag"]) == 2
+    assert "no built-in model 'from-flag'" in capsys.readouterr().err
 
 
 def test_serve_takes_model_several_times(capsys):
