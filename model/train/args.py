@@ -30,6 +30,7 @@ HELP = {
     "negatives": "sampled unrelated pairs per judged pair, fresh each epoch, labelled with the lowest level",
     "dev_negatives": "negatives per dev pair for the dev report (0: none)",
     "mse_weight": "weight of the squared error of the expected level beside cross-entropy",
+    "mse_target": "level: the ordinal term pulls E[level] to the level; relevance: to the raters' mean relevance",
     "patience": "stop after this many dev evaluations without improvement (0: never)",
     "hard_negatives": "share of the negatives drawn hard: a word shared with the query, its head term missing",
     "foreign_negatives": "share of the negatives drawn foreign: catalogue titles in vocabulary words no title uses",
@@ -64,6 +65,7 @@ class TrainArgs:
     progress: bool = True
     negatives: float = 0.0  # sampled unrelated pairs per judged pair, fresh each epoch (level 1)
     mse_weight: float = 0.0  # weight of the squared error of the expected level beside cross-entropy
+    mse_target: str = "level"  # "relevance": the ordinal term's target is the raters' mean (model.train.loop)
     label_smoothing: float = 0.0
     patience: int = 0  # stop after this many dev evaluations without a better checkpoint (0 = never)
     dev_negatives: float = 1.0  # negatives per dev pair for the dev report (0 = none)

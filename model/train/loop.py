@@ -77,14 +77,31 @@ def epoch_data(train_ds: Dataset, args: TrainArgs, epoch: int, words: Sequence[s
     return with_negatives(train_ds, args.negatives, seed, args.hard_negatives, args.foreign_negatives, words)
 
 
-def loss_fn(logits: Tensor, labels: Tensor, values: Tensor, args: TrainArgs) -> Tensor:
-    """Cross-entropy (label-smoothed) + mse_weight * (E[level] - level)^2, in float32."""
+def loss_fn(logits: Tensor, labels: Tensor, values: Tensor, args: TrainArgs, targets: Tensor | None = None) -> Tensor:
+    """Cross-entropy (label-smoothed) + mse_weight * (E[level] - target)^2, in float32; the target is the
+    level's value, or `targets` (see `mse_targets`) where given."""
     logits = logits.float()
     loss = F.cross_entropy(logits, labels, label_smoothing=args.label_smoothing)
     if args.mse_weight:
         expected = logits.softmax(-1) @ values
-        loss = loss + args.mse_weight * (expected - values[labels]).pow(2).mean()
+        loss = loss + args.mse_weight * (expected - (values[labels] if targets is None else targets)).pow(2).mean()
     return loss
+
+
+def mse_targets(ds: Dataset, values: Tensor, args: TrainArgs) -> Tensor | None:
+    """With `mse_target relevance`, the ordinal term's target per pair: the raters' mean relevance on Home
+    Depot's 1..3 scale mapped linearly onto the level values (1 -> the lowest, 3 -> the highest), so that
+    a 2.67 and a 2.33, both level 4, pull the expected level apart as RMSE on relevance counts them; the
+    level's value where a pair has no relevance. None with `mse_target level`."""
+    if args.mse_target == "level":
+        return None
+    lo, hi = values[0].item(), values[-1].item()
+    return torch.tensor(
+        [
+            lo + (e.relevance - 1) / 2 * (hi - lo) if e.relevance is not None else values[e.label].item()
+            for e in ds.examples
+        ]
+    )
 
 
 class TrainState(TypedDict):
@@ -104,6 +121,8 @@ def check_args(args: TrainArgs) -> None:
         raise ValueError("--negatives and --mse-weight must be >= 0, --label-smoothing in [0, 1)")
     if args.autocast not in AUTOCAST or not 0 <= args.hard_negatives <= 1:
         raise ValueError(f"--autocast must be one of {sorted(AUTOCAST)}, --hard-negatives in [0, 1]")
+    if args.mse_target not in ("level", "relevance"):
+        raise ValueError("--mse-target must be level or relevance")
     if not 0 <= args.foreign_negatives <= 1 - args.hard_negatives:
         raise ValueError("--foreign-negatives must be in [0, 1 - --hard-negatives]")
 
@@ -187,12 +206,15 @@ class Run:
             save_checkpoint(module, tok, self.out)
             (self.out / "dev_metrics.json").write_text(json.dumps({"step": state["step"], **m}, indent=2) + "\n")
 
-    def step(self, ids: Tensor, seg: Tensor, mask: Tensor, labels: Tensor, values: Tensor) -> float:
+    def step(
+        self, ids: Tensor, seg: Tensor, mask: Tensor, labels: Tensor, values: Tensor, targets: Tensor | None = None
+    ) -> float:
         """One optimiser step on one batch; its loss."""
         device, cast = values.device, AUTOCAST[self.args.autocast]
         with torch.autocast(device.type, dtype=cast, enabled=cast is not None):
             logits, _ = self.module(ids.to(device), seg.to(device), mask.to(device))
-        loss = loss_fn(logits, labels.to(device), values, self.args)
+        targets = None if targets is None else targets.to(device)
+        loss = loss_fn(logits, labels.to(device), values, self.args, targets)
         self.opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(self.module.parameters(), self.args.max_grad_norm)
@@ -242,11 +264,11 @@ def train(args: TrainArgs) -> dict:
         epoch = state["step"] // steps_per_epoch
         ds = epoch_data(train_ds, args, epoch, words)
         enc = tok.encode([e.query for e in ds.examples], [e.title for e in ds.examples])
-        labels = torch.tensor(ds.labels)
+        labels, targets = torch.tensor(ds.labels), mse_targets(ds, values, args)
         batches = length_sorted_batches(enc.lengths, args.batch_size, random.Random(args.seed + epoch))
         for idx in batches[state["step"] % steps_per_epoch :]:
             batch = pad_batch([enc.input_ids[i] for i in idx], [enc.token_type_ids[i] for i in idx], tok.pad_id)
-            loss = run.step(*batch, labels[idx], values)
+            loss = run.step(*batch, labels[idx], values, None if targets is None else targets[idx])
             if progress is not None:
                 progress.update(loss, len(idx), state["step"])
             if state["step"] % eval_every == 0 or state["step"] == total:

@@ -167,6 +167,20 @@ def test_loss_has_the_expected_level_term():
     got = loss_fn(logits, labels, values, TrainArgs("t", "b", "o", mse_weight=0.5))
     assert torch.allclose(got, want)
     assert torch.allclose(loss_fn(logits, labels, values, TrainArgs("t", "b", "o")), ce)
+    targets = torch.tensor([4.34, 4.66])
+    got = loss_fn(logits, labels, values, TrainArgs("t", "b", "o", mse_weight=0.5), targets)
+    assert torch.allclose(got, ce + 0.5 * (e - targets).pow(2).mean())
+
+
+def test_the_ordinal_term_can_target_the_raters_mean_relevance():
+    from model.data import Dataset, Example
+    from model.train.loop import mse_targets
+
+    ds = Dataset([Example("q", "a", 3, relevance=2.67), Example("q", "b", 3, relevance=2.33), Example("q", "c", 1)])
+    values = torch.arange(1.0, 6.0)
+    assert mse_targets(ds, values, TrainArgs("t", "b", "o")) is None
+    got = mse_targets(ds, values, TrainArgs("t", "b", "o", mse_target="relevance"))
+    assert torch.allclose(got, torch.tensor([4.34, 3.66, 2.0]))  # both level 4 apart; no relevance: the level
 
 
 def test_continue_or_new_head_is_decided_by_the_weights_not_an_error_message(
@@ -210,6 +224,7 @@ def test_an_encoder_tensor_of_another_shape_is_refused_not_trained_as_pretrained
 def test_bfloat16_autocast_hard_and_foreign_negatives_and_a_checkpoint_per_evaluation(tiny_checkpoint, data, tmp_path):
     out = tmp_path / "out"
     kw = dict(max_steps=6, eval_every=3, negatives=0.5, hard_negatives=0.5, foreign_negatives=0.25, dev_negatives=0.0)
+    kw.update(mse_weight=0.5, mse_target="relevance")
     summary = train(args(tiny_checkpoint, data, out, autocast="bfloat16", keep_evals=1, **kw))
     assert summary["steps"] == 6 and all(torch.isfinite(torch.tensor(summary["losses"])))
     for step in (3, 6):
@@ -217,5 +232,7 @@ def test_bfloat16_autocast_hard_and_foreign_negatives_and_a_checkpoint_per_evalu
     RelevanceModel.load(out / "step-3")  # a plain checkpoint, float32
     with pytest.raises(ValueError, match="--autocast"):
         train(args(tiny_checkpoint, data, tmp_path / "bad", autocast="float16", max_steps=1))
+    with pytest.raises(ValueError, match="--mse-target"):
+        train(args(tiny_checkpoint, data, tmp_path / "bad", mse_target="mean", max_steps=1))
     with pytest.raises(ValueError, match="--foreign-negatives"):
         train(args(tiny_checkpoint, data, tmp_path / "bad", hard_negatives=0.8, foreign_negatives=0.3, max_steps=1))
