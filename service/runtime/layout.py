@@ -36,6 +36,7 @@ class Runtime:
             threads=self.threads,
             warmup=settings.warmup,
             max_batch_tokens=settings.max_batch_tokens,
+            start=settings.process_start,
         )
 
 

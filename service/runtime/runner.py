@@ -26,9 +26,13 @@ JOBS: dict[str, str] = {
 }
 
 
+def set_threads(threads: int) -> None:
+    if threads and threads != torch.get_num_threads():
+        torch.set_num_threads(threads)
+
+
 def load_model(spec: LoadSpec) -> RelevanceModel:
-    if spec.threads:
-        torch.set_num_threads(spec.threads)
+    set_threads(spec.threads)
     t0 = time.perf_counter()
     m = RelevanceModel.load(
         spec.model_dir, device=str(resolve_device(spec.device)), dtype=spec.dtype, max_length=spec.max_length
