@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import statistics
 import sys
 import tempfile
 import time
@@ -153,7 +154,9 @@ def measure(system: str, a, tmp: Path, one, many, load, inf_one, inf_load) -> di
         exe = infinity_anchor.find_infinity(a.infinity)
         if exe is None:
             raise SystemExit("no infinity_emb found (bench/infinity_anchor.py says how to install it)")
-        ck = infinity_anchor.one_output_checkpoint(MODEL, tmp / "infinity-checkpoint")
+        ck = tmp / "infinity-checkpoint"
+        if not ck.is_dir():  # once, for every round
+            infinity_anchor.one_output_checkpoint(MODEL, ck)
         cmd = infinity_anchor.command(exe, ck, port, "bfloat16")
         srv = Server(cmd, url, "/health", tmp / "infinity.log", a.start_timeout, infinity_anchor.env(2))
         route, bodies_one, bodies_many, bodies_load = "/rerank", inf_one, [], inf_load
@@ -199,8 +202,17 @@ NAMES = {
 }
 
 
+def spread(xs: list[float]) -> str:
+    """Median, and the range where there are several rounds."""
+    m = statistics.median(xs)
+    return f"{m:,.1f}" if len(xs) == 1 else f"{m:,.1f} ({min(xs):,.1f}-{max(xs):,.1f})"
+
+
 def render(r: dict) -> str:
-    runs = {x["system"]: x for x in r["runs"]}
+    runs = {x["system"]: x for x in r["runs"] if x["round"] == 0}  # memory: the first round
+    rounds: dict[str, list[dict]] = {}
+    for x in r["runs"]:
+        rounds.setdefault(x["system"], []).append(x)
     lines = [
         f"### Memory of `qtrel serve` beside Infinity ({r['isa']['model_name']}, {r['isa']['microarchitecture']}, "
         f"{r['machine']['date']})",
@@ -211,7 +223,8 @@ def render(r: dict) -> str:
         "a page shared by several processes once in each; PSS splits it among them, so **the PSS of the tree is "
         "what the server holds**; USS is what one process alone holds (private pages). Then "
         f"{r['load_requests']} one-pair requests from {r['clients']} closed-loop clients (pairs/s), and the tree "
-        "read again. *Distinct pages*: the physical pages resident in the tree, each counted once (frame numbers "
+        f"read again. {r['repeats']} round(s), the systems interleaved: memory from the first round, speed as "
+        "median (range). *Distinct pages*: the physical pages resident in the tree, each counted once (frame numbers "
         "from `/proc/<pid>/pagemap`), a check on the PSS sum.",
         "",
         f"- ISA: {r['isa_line']}",
@@ -246,10 +259,13 @@ def render(r: dict) -> str:
     ]
     for s in SYSTEMS:
         if s in runs:
-            x = runs[s]
+            x, xs = runs[s], rounds[s]
             idle, after = totals(x["idle"]), totals(x["after_load"])
+            speed = " | ".join(
+                spread([y[k] for y in xs]) for k in ("ready_s", "first_request_ms", "pairs_per_s", "p50_ms")
+            )
             lines.append(
-                f"| {NAMES[s]} | {x['ready_s']} | {x['first_request_ms']} | {x['pairs_per_s']} | {x['p50_ms']} | "
+                f"| {NAMES[s]} | {speed} | "
                 f"{mb(idle['pss'])} / {x['idle_distinct_mb']:,.0f} | {mb(after['pss'])} / "
                 f"{x['after_load_distinct_mb']:,.0f} / {mb(after['rss'])} |"
             )
@@ -264,6 +280,7 @@ def main() -> None:
     p.add_argument("--settle", type=float, default=5.0, help="idle seconds before each reading")
     p.add_argument("--start-timeout", type=float, default=300)
     p.add_argument("--infinity", help="infinity_emb executable (default: bench/infinity_anchor.py's search)")
+    p.add_argument("--repeats", type=int, default=1, help="rounds of all systems, interleaved (speed: median, range)")
     p.add_argument("--quick", action="store_true", help="write to /tmp/qtrel-bench-quick, not docs/")
     a = p.parse_args()
     rows = read_dev()
@@ -276,6 +293,7 @@ def main() -> None:
         "isa": isa(),
         "command": command_line(),
         "clients": a.clients,
+        "repeats": a.repeats,
         "load_requests": a.load_requests,
         "settle_s": a.settle,
         "warm_requests": "20 one-pair requests and, for qtrel, 5 requests of 50 titles",
@@ -284,7 +302,10 @@ def main() -> None:
     report["isa_line"] = isa_line(report["isa"])
     with tempfile.TemporaryDirectory(prefix="qtrel-memory-") as tmp:
         report["runs"] = [
-            measure(s, a, Path(tmp), one, many, one[21:], inf_one, inf_load) for s in SYSTEMS if s in a.systems
+            {**measure(s, a, Path(tmp), one, many, one[21:], inf_one, inf_load), "round": k}
+            for k in range(a.repeats)
+            for s in SYSTEMS
+            if s in a.systems
         ]
     report["loadavg_after"] = os.getloadavg()[0]
     md, js = output_paths("memory", a.quick)

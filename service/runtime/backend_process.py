@@ -82,8 +82,7 @@ def child_main(conn, spec: LoadSpec) -> None:
             return
         if isinstance(message, WarmUp):
             try:
-                if base is None or not base.warmed:
-                    runner.warm_up(model, spec)
+                runner.warm_up(model, spec, kernels=base is None or not base.warmed)
                 quiet_gc()
                 release_free_memory()
                 conn.send(Ready())
@@ -121,6 +120,9 @@ def start_context(spec: LoadSpec):
         os.environ.update(extra)  # read by the fork server if this call starts it, and dropped at once
         try:
             forkserver.ensure_running()
+        except OSError as e:  # e.g. no writable temporary directory for its socket
+            log.warning("no fork server (%s: %s): model processes are spawned", type(e).__name__, e)
+            return mp.get_context("spawn")
         finally:
             for k in extra:
                 os.environ.pop(k, None)

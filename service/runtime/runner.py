@@ -41,10 +41,11 @@ def load_model(spec: LoadSpec) -> RelevanceModel:
     return m
 
 
-def warm_up(model: RelevanceModel, spec: LoadSpec) -> None:
+def warm_up(model: RelevanceModel, spec: LoadSpec, kernels: bool = True) -> None:
+    """`kernels=False`: a process forked from a template that built them (RelevanceModel.warm_up)."""
     if spec.warmup:
         t0 = time.perf_counter()
-        model.warm_up(spec.max_batch_tokens)
+        model.warm_up(spec.max_batch_tokens, kernels=kernels)
         log.info("warm-up done in %.2fs", time.perf_counter() - t0)
 
 

@@ -8,9 +8,10 @@ import json
 import os
 import subprocess
 import sys
+from multiprocessing import forkserver
 from pathlib import Path
 
-from service.runtime import template
+from service.runtime import backend_process, template
 from service.runtime.backend import LoadSpec
 from service.runtime.backend_process import start_context
 from tests.service.runtime.jobs import TEST_JOBS
@@ -95,7 +96,14 @@ def test_a_template_serves_only_its_own_spec_as_it_is_on_disk(tiny_checkpoint, m
     assert template.decode(json.dumps(dataclasses.asdict(with_jobs))) == with_jobs  # as the fork server reads it
 
 
-def test_cuda_and_process_start_spawn_spawn_a_process_that_loads_its_own(tiny_checkpoint):
+def test_cuda_process_start_spawn_and_no_fork_server_spawn_a_process(tiny_checkpoint, monkeypatch):
     spec = LoadSpec(str(tiny_checkpoint))
     assert start_context(dataclasses.replace(spec, device="cuda")).get_start_method() == "spawn"
     assert start_context(dataclasses.replace(spec, start="spawn")).get_start_method() == "spawn"
+
+    def no_socket():
+        raise PermissionError("read-only /tmp")
+
+    monkeypatch.setattr(forkserver, "ensure_running", no_socket)
+    assert start_context(spec).get_start_method() == "spawn"
+    assert backend_process.TEMPLATE_ENV not in os.environ
