@@ -154,11 +154,13 @@ class RelevanceModel:
             "cpu_kernels": self.cpu_kernels,
         }
 
-    def warm_up(self, max_batch_tokens: int = MAX_BATCH_TOKENS) -> None:
-        """Forward passes over a spread of lengths and batch sizes, and (unpadded path) every linear layer
-        at every packed token count up to `max_batch_tokens`: first-call allocations and kernel builds
-        happen here, not on a user's request."""
-        if self.unpadded:
+    def warm_up(self, max_batch_tokens: int = MAX_BATCH_TOKENS, kernels: bool = True) -> None:
+        """Forward passes over a spread of lengths and batch sizes, and (unpadded path, `kernels`) every linear
+        layer at every packed token count up to `max_batch_tokens`: first-call allocations and kernel builds
+        happen here, not on a user's request. `kernels=False`: the forward passes only, for a process forked
+        from one that built the kernels (they touch the pages a request writes, so that the copies on write
+        happen here too)."""
+        if self.unpadded and kernels:
             warm_linear_shapes(self.module, max_batch_tokens)
         vocab = min(self.tokenizer.vocab_size, self.cfg.vocab_size)
         for length in sorted({8, 32, self.max_length}):

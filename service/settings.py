@@ -94,6 +94,12 @@ class Settings(BaseSettings):
         description="where the model runs: a child process (no GIL shared with the HTTP server; "
         "restarted if it dies) or a thread of the server process",
     )
+    process_start: Literal["template", "spawn"] = Field(
+        "template",
+        description="how model processes start on cpu (process worker): template = forked by a fork server "
+        "that holds torch and this model loaded and warmed up once, shared by every model process; spawn = "
+        "each a new interpreter that loads and warms its own (more memory; docs/benchmarks.md)",
+    )
 
     batch_timeout_s: float = Field(
         30.0,

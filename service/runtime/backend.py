@@ -38,6 +38,7 @@ class LoadSpec:
     threads: int = 0  # torch intra-op threads; 0 = torch's default
     warmup: bool = True
     max_batch_tokens: int = MAX_BATCH_TOKENS  # the largest batch warm-up prepares for
+    start: str = "template"  # process backend on cpu: "template" (forked by the fork server) or "spawn"
     # Extra named jobs beside the built-in ones, as (name, "module:function") (e.g. a test's fault job).
     jobs: tuple[tuple[str, str], ...] = ()
     # Test-only fault hook: "module:function", called as function(model, batch) before each forward.

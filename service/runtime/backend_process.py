@@ -1,4 +1,9 @@
-"""The process backend: the model lives in a child process (spawned, never forked), fed over a pipe.
+"""The process backend: the model lives in a child process, fed over a pipe.
+
+The child is forked by multiprocessing's fork server, a single-threaded process that holds torch and the
+served model loaded and warmed up (`service.runtime.template`), so that the model processes share those
+pages; it is never forked from the server, which runs threads. Where there is no fork server (not Linux),
+and for cuda, the child is spawned and loads its own model.
 
 The server's event loop, its tokeniser thread and the forward pass then never take turns on one GIL
 (docs/design.md). Typed messages (`service.runtime.backend`) cross the pipe: token ids in, scores out, a few KB.
@@ -10,10 +15,13 @@ process died or was killed fails with `ProcessDied`, distinct from an error the 
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import logging
 import multiprocessing as mp
 import os
 import signal
+import sys
 import threading
 import time
 from collections.abc import Sequence
@@ -40,6 +48,10 @@ from service.runtime.backend import (
 )
 from service.runtime.layout import quiet_gc, release_free_memory
 
+TEMPLATE_MODULE = "service.runtime.template"  # imported by the fork server, never by this process
+TEMPLATE_ENV = "QTREL_MODEL_TEMPLATE"  # the spec the fork server loads as its template (JSON)
+_start_lock = threading.Lock()  # the fork server's environment is os.environ while it starts
+
 log = logging.getLogger("qtrel.worker")
 
 
@@ -48,10 +60,15 @@ def child_main(conn, spec: LoadSpec) -> None:
     process goes away. Lifecycle signals are the server's to handle (it drains, or reloads, first)."""
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):  # a terminal's hang-up reaches the group too
         signal.signal(sig, signal.SIG_IGN)
-    from service.runtime import runner  # torch and the model: here, never in the server process
+    from service.runtime import runner, template  # torch and the model: here, never in the server process
 
     try:
-        model = runner.load_model(spec)
+        base = template.take(spec)
+        if base is None:
+            model = runner.load_model(spec)
+        else:  # forked from the fork server's copy: shared pages, no loading
+            model = base.model
+            runner.set_threads(spec.threads or base.default_threads)
         conn.send(Loaded(model.describe()))
     except Exception as e:
         conn.send(Failed(f"{type(e).__name__}: {e}"))
@@ -65,7 +82,7 @@ def child_main(conn, spec: LoadSpec) -> None:
             return
         if isinstance(message, WarmUp):
             try:
-                runner.warm_up(model, spec)
+                runner.warm_up(model, spec, kernels=base is None or not base.warmed)
                 quiet_gc()
                 release_free_memory()
                 conn.send(Ready())
@@ -80,6 +97,36 @@ def child_main(conn, spec: LoadSpec) -> None:
             return
         except Exception as e:  # a result that does not pickle: this job only
             conn.send(Error(type(e).__name__, str(e)))
+
+
+def template_eligible(spec: LoadSpec) -> bool:
+    """A spec the fork server's template may serve: on cpu, without a test's fault hook."""
+    return spec.device == "cpu" and spec.fault_hook is None
+
+
+def start_context(spec: LoadSpec):
+    """The fork server (started, holding `spec`'s model as its template, if it is not running yet) where
+    this platform has one and the spec is on cpu and asks for it; else spawn. Never a fork of this process:
+    it runs threads."""
+    forkserver_here = sys.platform == "linux" and "forkserver" in mp.get_all_start_methods()
+    if not (spec.start == "template" and spec.device == "cpu" and forkserver_here):
+        return mp.get_context("spawn")
+    from multiprocessing import forkserver
+
+    ctx = mp.get_context("forkserver")
+    with _start_lock:
+        ctx.set_forkserver_preload([TEMPLATE_MODULE])
+        extra = {TEMPLATE_ENV: json.dumps(dataclasses.asdict(spec))} if template_eligible(spec) else {}
+        os.environ.update(extra)  # read by the fork server if this call starts it, and dropped at once
+        try:
+            forkserver.ensure_running()
+        except OSError as e:  # e.g. no writable temporary directory for its socket
+            log.warning("no fork server (%s: %s): model processes are spawned", type(e).__name__, e)
+            return mp.get_context("spawn")
+        finally:
+            for k in extra:
+                os.environ.pop(k, None)
+    return ctx
 
 
 class ProcessBackend(Backend):
@@ -97,7 +144,7 @@ class ProcessBackend(Backend):
         return self._proc.pid if self._proc is not None else None
 
     def load(self) -> dict:
-        ctx = mp.get_context("spawn")  # never fork a process that already runs threads
+        ctx = start_context(self.spec)
         parent, child = ctx.Pipe()
         try:
             proc = ctx.Process(target=child_main, args=(child, self.spec), name=self.name, daemon=True)

@@ -26,9 +26,13 @@ JOBS: dict[str, str] = {
 }
 
 
+def set_threads(threads: int) -> None:
+    if threads and threads != torch.get_num_threads():
+        torch.set_num_threads(threads)
+
+
 def load_model(spec: LoadSpec) -> RelevanceModel:
-    if spec.threads:
-        torch.set_num_threads(spec.threads)
+    set_threads(spec.threads)
     t0 = time.perf_counter()
     m = RelevanceModel.load(
         spec.model_dir, device=str(resolve_device(spec.device)), dtype=spec.dtype, max_length=spec.max_length
@@ -37,10 +41,11 @@ def load_model(spec: LoadSpec) -> RelevanceModel:
     return m
 
 
-def warm_up(model: RelevanceModel, spec: LoadSpec) -> None:
+def warm_up(model: RelevanceModel, spec: LoadSpec, kernels: bool = True) -> None:
+    """`kernels=False`: a process forked from a template that built them (RelevanceModel.warm_up)."""
     if spec.warmup:
         t0 = time.perf_counter()
-        model.warm_up(spec.max_batch_tokens)
+        model.warm_up(spec.max_batch_tokens, kernels=kernels)
         log.info("warm-up done in %.2fs", time.perf_counter() - t0)
 
 

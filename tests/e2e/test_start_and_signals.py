@@ -19,9 +19,15 @@ from tests.service.conftest import free_port
 
 
 def model_pids(server_pid: int) -> list[int]:
-    """The server's child processes that are model processes (spawned by multiprocessing)."""
-    out = subprocess.run(["ps", "-o", "pid=,args=", "--ppid", str(server_pid)], capture_output=True, text=True)
-    return [int(line.split()[0]) for line in out.stdout.splitlines() if "multiprocessing.spawn" in line]
+    """The server's model processes: spawned by multiprocessing, or forked by its fork server (a child of
+    the server: the model processes are its children)."""
+    out = subprocess.run(["ps", "-e", "-o", "pid=,ppid=,args="], capture_output=True, text=True)
+    rows = [line.split(None, 2) for line in out.stdout.splitlines()]
+    procs = {int(pid): (int(ppid), args) for pid, ppid, args in (r for r in rows if len(r) == 3)}
+    servers = {p for p, (pp, args) in procs.items() if pp == server_pid and "multiprocessing.forkserver" in args}
+    return [
+        p for p, (pp, args) in procs.items() if (pp == server_pid and "multiprocessing.spawn" in args) or pp in servers
+    ]
 
 
 @pytest.mark.parametrize("broken", ["missing", "truncated"])

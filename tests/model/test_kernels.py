@@ -46,6 +46,23 @@ def test_load_packs_where_the_cpu_allows(model, unpacked):
         assert attn.qkv is not None and not hasattr(attn, "query")
 
 
+def test_a_packed_model_keeps_no_second_copy_of_a_linear_weight(model, unpacked):
+    """Every encoder linear weight lives once, in its packed form: no nn.Linear is left inside a layer and
+    the model holds no more tensor bytes than the plain one (model processes share it: issue 20)."""
+    if not model.onednn:
+        pytest.skip("no oneDNN packing on this CPU")
+
+    def held(m) -> int:
+        tensors = {id(t): t for t in [*m.module.parameters(), *m.module.buffers()]}
+        for x in m.module.modules():
+            if isinstance(x, OneDNNLinear):
+                tensors.update({id(x.weight): x.weight, id(x.bias): x.bias})
+        return sum(t.numel() * t.element_size() for t in tensors.values())
+
+    assert not any(isinstance(x, torch.nn.Linear) for layer in model.module.bert.layers for x in layer.modules())
+    assert held(model) <= held(unpacked)
+
+
 def test_packed_and_unpacked_agree(model, unpacked, batch):
     mask = torch.ones(2, 4)
     mask[0, 2] = mask[1, 0] = 0

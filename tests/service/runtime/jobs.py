@@ -32,3 +32,14 @@ def die_on_poison(model, batch):
     """Fault hook: a batch holding the POISON token id kills its model process, every time."""
     if any(POISON in ids for ids, _ in batch):
         os._exit(3)
+
+
+def template_state(model):
+    """Whether this model process serves the fork server's template model, and its torch threads."""
+    import torch
+
+    from service.runtime import template
+
+    t = template.TEMPLATE
+    used = t is not None and t.model is model
+    return {"template": used, "warmed": bool(t and t.warmed), "threads": torch.get_num_threads()}

@@ -1,0 +1,319 @@
+"""Memory of `qtrel serve` beside Infinity's on the same encoder, one server after the other (issue 20).
+
+Each server is started, warmed (its own warm-up, then a one-pair request whose latency is the first
+request's, then a few requests of one pair and of 50 titles), left idle for a few seconds, and its whole
+process tree read from `/proc/<pid>/smaps_rollup`: RSS (which counts a shared page once in every process
+that maps it), PSS (a shared page split among its sharers: the tree's sum is what it holds) and USS
+(Private_Clean + Private_Dirty: what that one process alone holds). Then a closed-loop load of one-pair
+requests gives pairs/s, and the tree is read again after it.
+
+  python bench/memory.py                                  # qtrel (template), qtrel (spawn), Infinity
+  python bench/memory.py --systems template --quick       # one system, to /tmp/qtrel-bench-quick
+
+qtrel is `qtrel serve` on its default model and layout (score cache off, as bench/load.py), once with
+`--process-start template` (the default: model processes forked from one warm template) and once with
+`--process-start spawn` (each model process loads and warms its own, as before). Infinity is
+`bench/infinity_anchor.py`'s: the same encoder in bfloat16 with a one-output head, 2 torch threads.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import infinity_anchor
+from anchors import isa, isa_line
+from live import post_all
+from load import Server, free_port, one_pair_bodies, query_bodies, read_dev
+from results import ROOT, command_line, machine, output_paths, update_section, write_json
+
+MODEL = ROOT / "model" / "default"
+SYSTEMS = ("template", "spawn", "infinity")
+
+
+def smaps(pid: int) -> dict[str, int] | None:
+    """RSS, PSS, USS and anonymous memory of one process, in KiB (None when it is gone)."""
+    d: dict[str, int] = {}
+    try:
+        for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
+            p = line.split()
+            if len(p) >= 2 and p[1].isdigit():
+                d[p[0].rstrip(":")] = int(p[1])
+    except OSError:
+        return None
+    return {"rss": d["Rss"], "pss": d["Pss"], "uss": d["Private_Clean"] + d["Private_Dirty"], "anon": d["Anonymous"]}
+
+
+def tree(root: int) -> list[tuple[int, int]]:
+    """(pid, parent pid) of `root` and of all its descendants."""
+    parents: dict[int, int] = {}
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                parents[int(d.name)] = int((d / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, ValueError, IndexError):
+                continue
+    out, todo = [(root, parents.get(root, 0))], [root]
+    while todo:
+        p = todo.pop()
+        kids = sorted(c for c, pp in parents.items() if pp == p)
+        out += [(c, p) for c in kids]
+        todo += kids
+    return out
+
+
+def role(pid: int, parent: int, root: int, system: str) -> str:
+    if pid == root:
+        return "Infinity (one process)" if system == "infinity" else "HTTP server"
+    try:
+        cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        cmd = ""
+    if "resource_tracker" in cmd:
+        return "multiprocessing resource tracker"
+    if "forkserver" in cmd and parent == root:
+        return "fork server (the template)"
+    if "forkserver" in cmd or "spawn_main" in cmd:
+        return "model process"
+    return cmd[:60] or "?"
+
+
+def read_tree(root: int, system: str) -> list[dict]:
+    rows = []
+    for pid, parent in tree(root):
+        m = smaps(pid)
+        if m is not None:
+            rows.append({"pid": pid, "role": role(pid, parent, root, system), **m})
+    return rows
+
+
+def resident_frames(pid: int):
+    """The physical page frames a process has resident (/proc/<pid>/pagemap: frame numbers need root), or None."""
+    import numpy as np
+
+    page = os.sysconf("SC_PAGE_SIZE")
+    frames = []
+    try:
+        with open(f"/proc/{pid}/maps") as maps, open(f"/proc/{pid}/pagemap", "rb") as pm:
+            for line in maps:
+                lo, hi = (int(x, 16) for x in line.split()[0].split("-"))
+                if line.rstrip().endswith("[vsyscall]"):
+                    continue
+                pm.seek(lo // page * 8)
+                e = np.frombuffer(pm.read((hi - lo) // page * 8), dtype=np.uint64)
+                present = e[(e >> np.uint64(63)) & np.uint64(1) == 1] & np.uint64((1 << 55) - 1)
+                frames.append(present)
+    except OSError:
+        return None
+    out = np.concatenate(frames) if frames else np.zeros(0, dtype=np.uint64)
+    return None if out.size and not out.any() else out  # all zero: not root, frame numbers hidden
+
+
+def distinct_mb(pids: list[int]) -> float | None:
+    """MiB of distinct physical pages resident in these processes: each shared page once (what PSS
+    approximates), checked by frame number."""
+    import numpy as np
+
+    sets = [resident_frames(p) for p in pids]
+    if any(s is None for s in sets):
+        return None
+    return round(np.unique(np.concatenate(sets)).size * os.sysconf("SC_PAGE_SIZE") / 2**20, 1)
+
+
+def totals(rows: list[dict]) -> dict[str, int]:
+    return {k: sum(r[k] for r in rows) for k in ("rss", "pss", "uss", "anon")}
+
+
+async def drive(url: str, route: str, one: list, many: list) -> dict:
+    """First request, then the warm requests, then the load: latencies and pairs/s."""
+    _, first, _ = await post_all(url + route, [one[0][0]], 1)
+    await post_all(url + route, [b for b, _ in one[1:21]], 4)
+    if many:
+        await post_all(url + route, [b for b, _ in many], 2)
+    return {"first_request_ms": round(first[0] * 1000, 1)}
+
+
+async def load_phase(url: str, route: str, load: list, clients: int) -> dict:
+    answers, lat, wall = await post_all(url + route, [b for b, _ in load], clients)
+    ok = sum(1 for a in answers if a is not None)
+    lat.sort()
+    p50 = round(lat[len(lat) // 2] * 1000, 1)
+    return {"requests": len(load), "ok": ok, "pairs_per_s": round(ok / wall, 1), "p50_ms": p50}
+
+
+def measure(system: str, a, tmp: Path, one, many, load, inf_one, inf_load) -> dict:
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    if system == "infinity":
+        exe = infinity_anchor.find_infinity(a.infinity)
+        if exe is None:
+            raise SystemExit("no infinity_emb found (bench/infinity_anchor.py says how to install it)")
+        ck = tmp / "infinity-checkpoint"
+        if not ck.is_dir():  # once, for every round
+            infinity_anchor.one_output_checkpoint(MODEL, ck)
+        cmd = infinity_anchor.command(exe, ck, port, "bfloat16")
+        srv = Server(cmd, url, "/health", tmp / "infinity.log", a.start_timeout, infinity_anchor.env(2))
+        route, bodies_one, bodies_many, bodies_load = "/rerank", inf_one, [], inf_load
+        extra = {"version": infinity_anchor.version(exe), "command": " ".join(cmd[1:])}
+    else:
+        cmd = [sys.executable, "-m", "service.cli", "serve", "--model", str(MODEL), "--host", "127.0.0.1"]
+        cmd += ["--port", str(port), "--log-level", "warning", "--cache-mb", "0", "--process-start", system]
+        srv = Server(cmd, url, "/health/ready", tmp / f"qtrel-{system}.log", a.start_timeout)
+        route, bodies_one, bodies_many, bodies_load = "/score", one, many, load
+        extra = {"command": " ".join(cmd[3:])}
+    t0 = time.monotonic()
+    with srv:
+        ready_s = round(time.monotonic() - t0, 1)
+        out = asyncio.run(drive(url, route, bodies_one, bodies_many))
+        time.sleep(a.settle)
+        idle = read_tree(srv.proc.pid, system)
+        idle_distinct = distinct_mb([p["pid"] for p in idle])
+        out.update(asyncio.run(load_phase(url, route, bodies_load, a.clients)))
+        time.sleep(a.settle)
+        after = read_tree(srv.proc.pid, system)
+        after_distinct = distinct_mb([p["pid"] for p in after])
+    print(f"{system}: ready {ready_s}s, idle {totals(idle)} ({idle_distinct} MB distinct), {out}", flush=True)
+    return {
+        "system": system,
+        "ready_s": ready_s,
+        **out,
+        "idle": idle,
+        "idle_distinct_mb": idle_distinct,
+        "after_load": after,
+        "after_load_distinct_mb": after_distinct,
+        **extra,
+    }
+
+
+def mb(kib: int) -> str:
+    return f"{kib / 1024:,.0f}"
+
+
+NAMES = {
+    "template": "qtrel serve, `--process-start template` (default)",
+    "spawn": "qtrel serve, `--process-start spawn` (before)",
+    "infinity": "Infinity",
+}
+
+
+def spread(xs: list[float]) -> str:
+    """Median, and the range where there are several rounds."""
+    m = statistics.median(xs)
+    return f"{m:,.1f}" if len(xs) == 1 else f"{m:,.1f} ({min(xs):,.1f}-{max(xs):,.1f})"
+
+
+def render(r: dict) -> str:
+    runs = {x["system"]: x for x in r["runs"] if x["round"] == 0}  # memory: the first round
+    rounds: dict[str, list[dict]] = {}
+    for x in r["runs"]:
+        rounds.setdefault(x["system"], []).append(x)
+    lines = [
+        f"### Memory of `qtrel serve` beside Infinity ({r['isa']['model_name']}, {r['isa']['microarchitecture']}, "
+        f"{r['machine']['date']})",
+        "",
+        f"Measured with `bench/memory.py`: each server started on its own, one after the other, on the default "
+        f"model in bfloat16; warmed (its own warm-up, one first request, {r['warm_requests']}); idle "
+        f"{r['settle_s']:g} s; then read from `/proc/<pid>/smaps_rollup` for every process of its tree. RSS counts "
+        "a page shared by several processes once in each; PSS splits it among them, so **the PSS of the tree is "
+        "what the server holds**; USS is what one process alone holds (private pages). Then "
+        f"{r['load_requests']} one-pair requests from {r['clients']} closed-loop clients (pairs/s), and the tree "
+        f"read again. {r['repeats']} round(s), the systems interleaved: memory from the first round, speed as "
+        "median (range). *Distinct pages*: the physical pages resident in the tree, each counted once (frame numbers "
+        "from `/proc/<pid>/pagemap`), a check on the PSS sum.",
+        "",
+        f"- ISA: {r['isa_line']}",
+        f"- command: `{r['command']}`",
+        f"- load: 1-minute load average before {r['loadavg_before']:.1f}, after {r['loadavg_after']:.1f} "
+        "(other sessions' jobs may share the 2 vCPUs)",
+    ]
+    if "infinity" in runs:
+        lines.append(f"- Infinity: {runs['infinity']['version']}, `{runs['infinity']['command']}`")
+    lines += [
+        "",
+        "| server | process | RSS MB | PSS MB | USS MB |",
+        "|---|---|---:|---:|---:|",
+    ]
+    for s in SYSTEMS:
+        if s not in runs:
+            continue
+        by_role: dict[str, list[dict]] = {}
+        for p in runs[s]["idle"]:
+            by_role.setdefault(p["role"], []).append(p)
+        for name, ps in by_role.items():
+            each = f" (each of {len(ps)})" if len(ps) > 1 else ""
+            avg = {k: sum(p[k] for p in ps) // len(ps) for k in ("rss", "pss", "uss")}
+            lines.append(f"| {NAMES[s]} | {name}{each} | {mb(avg['rss'])} | {mb(avg['pss'])} | {mb(avg['uss'])} |")
+        t = totals(runs[s]["idle"])
+        lines.append(f"| {NAMES[s]} | **all, idle** | **{mb(t['rss'])}** | **{mb(t['pss'])}** | {mb(t['uss'])} |")
+    lines += [
+        "",
+        "| server | ready s | first request ms | pairs/s (one-pair, closed loop) | p50 ms "
+        "| idle MB: PSS / distinct pages | after load MB: PSS / distinct pages / RSS |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for s in SYSTEMS:
+        if s in runs:
+            x, xs = runs[s], rounds[s]
+            idle, after = totals(x["idle"]), totals(x["after_load"])
+            speed = " | ".join(
+                spread([y[k] for y in xs]) for k in ("ready_s", "first_request_ms", "pairs_per_s", "p50_ms")
+            )
+            lines.append(
+                f"| {NAMES[s]} | {speed} | "
+                f"{mb(idle['pss'])} / {x['idle_distinct_mb']:,.0f} | {mb(after['pss'])} / "
+                f"{x['after_load_distinct_mb']:,.0f} / {mb(after['rss'])} |"
+            )
+    return "\n".join(lines)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--systems", nargs="+", default=list(SYSTEMS), choices=SYSTEMS)
+    p.add_argument("--clients", type=int, default=32)
+    p.add_argument("--load-requests", type=int, default=1500, help="one-pair requests of the load phase")
+    p.add_argument("--settle", type=float, default=5.0, help="idle seconds before each reading")
+    p.add_argument("--start-timeout", type=float, default=300)
+    p.add_argument("--infinity", help="infinity_emb executable (default: bench/infinity_anchor.py's search)")
+    p.add_argument("--repeats", type=int, default=1, help="rounds of all systems, interleaved (speed: median, range)")
+    p.add_argument("--quick", action="store_true", help="write to /tmp/qtrel-bench-quick, not docs/")
+    a = p.parse_args()
+    rows = read_dev()
+    one, pairs = one_pair_bodies(rows, 21 + a.load_requests)
+    many, _ = query_bodies(rows, 5, 50)
+    inf_one = infinity_anchor.rerank_bodies(pairs[:21])
+    inf_load = infinity_anchor.rerank_bodies(pairs[21:])
+    report = {
+        "machine": machine(),
+        "isa": isa(),
+        "command": command_line(),
+        "clients": a.clients,
+        "repeats": a.repeats,
+        "load_requests": a.load_requests,
+        "settle_s": a.settle,
+        "warm_requests": "20 one-pair requests and, for qtrel, 5 requests of 50 titles",
+        "loadavg_before": os.getloadavg()[0],
+    }
+    report["isa_line"] = isa_line(report["isa"])
+    with tempfile.TemporaryDirectory(prefix="qtrel-memory-") as tmp:
+        report["runs"] = [
+            {**measure(s, a, Path(tmp), one, many, one[21:], inf_one, inf_load), "round": k}
+            for k in range(a.repeats)
+            for s in SYSTEMS
+            if s in a.systems
+        ]
+    report["loadavg_after"] = os.getloadavg()[0]
+    md, js = output_paths("memory", a.quick)
+    write_json(js, report)
+    update_section(md, "memory", render(report))
+    print(render(report))
+    print(f"wrote {js} and {md}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,109 @@
+"""Model processes forked from the fork server's template: they run the real model, share its pages, and
+never take a template that is not theirs."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+from multiprocessing import forkserver
+from pathlib import Path
+
+from service.runtime import backend_process, template
+from service.runtime.backend import LoadSpec
+from service.runtime.backend_process import start_context
+from tests.service.runtime.jobs import TEST_JOBS
+
+ROOT = Path(__file__).resolve().parents[3]
+
+# In a fresh interpreter: the fork server is one per process, and its template is the first spec it serves.
+PROBE = r"""
+import json, os, sys
+from service.runtime.backend import LoadSpec
+from service.runtime.backend_process import ProcessBackend
+from service.runtime.runner import load_model, forward_batch
+from tests.service.runtime.jobs import TEST_JOBS
+
+def memory(pid):
+    d = {}
+    for line in open(f"/proc/{pid}/smaps_rollup"):
+        p = line.split()
+        if len(p) >= 2 and p[1].isdigit():
+            d[p[0].rstrip(":")] = int(p[1])
+    return {"rss": d["Rss"], "private": d["Private_Clean"] + d["Private_Dirty"]}
+
+if __name__ == "__main__":
+    spec = LoadSpec(sys.argv[1], threads=1, jobs=TEST_JOBS + (("state", "tests.service.runtime.jobs:template_state"),))
+    backends = [ProcessBackend(spec) for _ in range(2)]
+    batch = [([101, 2023, 2003, 102], [0, 0, 0, 0]), ([101, 7592, 102, 2088, 102], [0, 0, 0, 1, 1])]
+    try:
+        for b in backends:
+            b.load()
+            b.warm_up()
+        scores = [b.forward(batch).expected for b in backends]
+        server = [int(open(f"/proc/{b.pid}/stat").read().rsplit(")", 1)[1].split()[1]) for b in backends]
+        out = {
+            "scores": scores,
+            "want": forward_batch(load_model(spec), batch).expected,
+            "states": [b.job("state") for b in backends],
+            "parents": server,
+            "me": os.getpid(),
+            "parent_threads": [len(os.listdir(f"/proc/{p}/task")) for p in server],
+            "children": [memory(b.pid) for b in backends],
+        }
+    finally:
+        for b in backends:
+            b.close()
+    print(json.dumps(out))
+"""
+
+
+def test_model_processes_are_forked_from_one_warm_template_and_share_it(tiny_checkpoint, tmp_path):
+    probe = tmp_path / "probe.py"
+    probe.write_text(PROBE)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    cmd = [sys.executable, str(probe), str(tiny_checkpoint)]
+    done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    out = json.loads(done.stdout.splitlines()[-1])
+    for got in out["scores"]:  # the real model, in each process
+        assert got == out["want"]
+    assert out["states"] == [{"template": True, "warmed": True, "threads": 1}] * 2
+    fork_server = out["parents"][0]
+    assert out["parents"] == [fork_server] * 2 and fork_server != out["me"]  # not forked from the server
+    assert out["parent_threads"] == [1, 1]  # the fork server forks with no other thread alive
+    for child in out["children"]:  # torch and the model are the template's pages, not the child's own
+        assert child["private"] < 0.25 * child["rss"], child
+
+
+def test_a_template_serves_only_its_own_spec_as_it_is_on_disk(tiny_checkpoint, monkeypatch):
+    spec = LoadSpec(str(tiny_checkpoint), threads=1)
+    t = template.Template(spec, template.weights_stamp(spec.model_dir), model=None, warmed=True, default_threads=2)  # type: ignore[arg-type]
+    monkeypatch.setattr(template, "TEMPLATE", t)
+    assert template.take(spec) is t
+    assert template.take(dataclasses.replace(spec, dtype="bfloat16")) is None
+    assert template.take(dataclasses.replace(spec, jobs=TEST_JOBS)) is None
+    weights = tiny_checkpoint / "model.safetensors"
+    stat = weights.stat()
+    try:
+        os.utime(weights, ns=(stat.st_atime_ns, stat.st_mtime_ns + 1_000_000_000))  # rewritten in place
+        assert template.take(spec) is None
+    finally:
+        os.utime(weights, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    with_jobs = dataclasses.replace(spec, jobs=TEST_JOBS)
+    assert template.decode(json.dumps(dataclasses.asdict(with_jobs))) == with_jobs  # as the fork server reads it
+
+
+def test_cuda_process_start_spawn_and_no_fork_server_spawn_a_process(tiny_checkpoint, monkeypatch):
+    spec = LoadSpec(str(tiny_checkpoint))
+    assert start_context(dataclasses.replace(spec, device="cuda")).get_start_method() == "spawn"
+    assert start_context(dataclasses.replace(spec, start="spawn")).get_start_method() == "spawn"
+
+    def no_socket():
+        raise PermissionError("read-only /tmp")
+
+    monkeypatch.setattr(forkserver, "ensure_running", no_socket)
+    assert start_context(spec).get_start_method() == "spawn"
+    assert backend_process.TEMPLATE_ENV not in os.environ
