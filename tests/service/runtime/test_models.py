@@ -14,7 +14,8 @@ from service.settings import Settings
 
 
 def registry(ckpt, **overrides) -> Models:
-    s = Settings(device="cpu", dtype="float32", worker="thread", warmup=False, **({"model": str(ckpt)} | overrides))
+    one = {} if "models" in overrides else {"model": str(ckpt)}
+    s = Settings(device="cpu", dtype="float32", worker="thread", warmup=False, **(one | overrides))
     return Models(s, Metrics())
 
 
