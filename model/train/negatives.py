@@ -74,7 +74,7 @@ _STOP = frozenset("and for with the of to on by not".split())
 
 
 # Units and sizes: sharing one of them does not make a title close to a query.
-_GENERIC = frozenset("inch foot feet gal gallon volt watt amp pack piece set count lb".split())
+GENERIC_WORDS = frozenset("inch foot feet gal gallon volt watt amp pack piece set count lb".split())
 
 
 def _stem(word: str) -> str:
@@ -123,7 +123,7 @@ def hard_candidates(ds: Dataset) -> dict[str, list[str]]:
         if head is None:
             continue
         pool: set[str] = set()
-        for w in content_words(q) - {head} - _GENERIC:
+        for w in content_words(q) - {head} - GENERIC_WORDS:
             pool |= by_word.get(w, set())
         cands = sorted(t for t in pool if not _mentions(words[t], head) and _norm(t) not in judged[q])
         if cands:
@@ -199,7 +199,7 @@ _TITLE_WORD = re.compile(r"[A-Za-z]{3,}")
 def _swap(m: re.Match, rng: random.Random, keep: float, banned: set[str], foreign: list[str]) -> str:
     """One title word: kept if a unit, or with probability `keep` if not the query's; else a foreign word."""
     w = m.group(0).lower()
-    if w in _GENERIC or (rng.random() < keep and w not in banned and _stem(w) not in banned):
+    if w in GENERIC_WORDS or (rng.random() < keep and w not in banned and _stem(w) not in banned):
         return m.group(0)
     return foreign[rng.randrange(len(foreign))]
 

@@ -9,7 +9,7 @@ import pytest
 from model.data import Dataset, Example, read_labelled
 from model.tokenizer import PairTokenizer
 from model.train.negatives import (
-    _GENERIC,
+    GENERIC_WORDS,
     hard_candidates,
     head_term,
     judged_titles,
@@ -138,7 +138,7 @@ def test_foreign_negatives_keep_a_titles_shape_and_use_no_word_of_the_query(trai
         assert n.title not in titles
         query_words = set(re.findall(r"[a-z]+", n.query.lower()))
         title_words = re.findall(r"[a-z]{3,}", n.title.lower())
-        assert not (set(title_words) & query_words) - _GENERIC  # only a unit the title had may remain
+        assert not (set(title_words) & query_words) - GENERIC_WORDS  # only a unit the title had may remain
         foreign_words += sum(w not in own for w in title_words)
         assert all(w in own or w in words for w in title_words)
     assert foreign_words > 0.5 * sum(len(re.findall(r"[a-z]{3,}", n.title.lower())) for n in negs)
