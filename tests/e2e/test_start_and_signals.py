@@ -7,8 +7,8 @@ import asyncio
 import os
 import shutil
 import signal
-import subprocess
 import time
+from pathlib import Path
 
 import httpx
 import pytest
@@ -18,12 +18,27 @@ from tests.e2e.test_sigterm import start_server, wait_ready
 from tests.service.conftest import free_port
 
 
+def _processes() -> dict[int, tuple[int, str]]:
+    """pid -> (parent pid, command line), read from /proc: `ps` cuts its lines to $COLUMNS (80 under some
+    runners), which hid the fork server's name."""
+    out: dict[int, tuple[int, str]] = {}
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            stat = (d / "stat").read_text()
+            cmdline = (d / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:  # exited meanwhile
+            continue
+        ppid = int(stat.rsplit(")", 1)[1].split()[1])  # after "(comm)": state, then ppid
+        out[int(d.name)] = (ppid, cmdline)
+    return out
+
+
 def model_pids(server_pid: int) -> list[int]:
     """The server's model processes: spawned by multiprocessing, or forked by its fork server (a child of
     the server: the model processes are its children)."""
-    out = subprocess.run(["ps", "-e", "-o", "pid=,ppid=,args="], capture_output=True, text=True)
-    rows = [line.split(None, 2) for line in out.stdout.splitlines()]
-    procs = {int(pid): (int(ppid), args) for pid, ppid, args in (r for r in rows if len(r) == 3)}
+    procs = _processes()
     servers = {p for p, (pp, args) in procs.items() if pp == server_pid and "multiprocessing.forkserver" in args}
     return [
         p for p, (pp, args) in procs.items() if (pp == server_pid and "multiprocessing.spawn" in args) or pp in servers
