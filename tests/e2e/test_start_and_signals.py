@@ -35,11 +35,17 @@ def _processes() -> dict[int, tuple[int, str]]:
     return out
 
 
+def fork_servers(server_pid: int, procs: dict[int, tuple[int, str]] | None = None) -> set[int]:
+    """The server's fork server (the model processes' template), if it runs one."""
+    procs = _processes() if procs is None else procs
+    return {p for p, (pp, args) in procs.items() if pp == server_pid and "multiprocessing.forkserver" in args}
+
+
 def model_pids(server_pid: int) -> list[int]:
     """The server's model processes: spawned by multiprocessing, or forked by its fork server (a child of
     the server: the model processes are its children)."""
     procs = _processes()
-    servers = {p for p, (pp, args) in procs.items() if pp == server_pid and "multiprocessing.forkserver" in args}
+    servers = fork_servers(server_pid, procs)
     return [
         p for p, (pp, args) in procs.items() if (pp == server_pid and "multiprocessing.spawn" in args) or pp in servers
     ]
@@ -97,9 +103,10 @@ def test_sighup_under_load_drops_nothing_and_the_server_serves_on(tiny_checkpoin
 
 
 def test_a_kill_storm_fails_no_request_and_the_server_recovers(tiny_checkpoint, tmp_path):
-    """Two model processes; under 8 clients, SIGKILL a random live model process every 0.4 s for 6 s
-    (so that some kills land on a replacement still loading or warming up). No request fails, and
-    within seconds of the storm both processes serve again and the server is ready and live."""
+    """Two model processes; under 8 clients, SIGKILL a random live model process every 0.4 s for 8 s
+    (so that some kills land on a replacement still loading or warming up), and once the fork server
+    they are forked from. No request fails, and within seconds of the storm both processes
+    serve again, the server is ready and live, and no killed fork server's model process lingers."""
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     proc = start_server(
@@ -116,7 +123,7 @@ def test_a_kill_storm_fails_no_request_and_the_server_recovers(tiny_checkpoint, 
     try:
         wait_ready(url, proc)
         titles = [t for _, t in read_pairs(6)]
-        stop = time.monotonic() + 6
+        stop = time.monotonic() + 8
 
         async def client(c: httpx.AsyncClient) -> list[int]:
             codes = []
@@ -125,11 +132,16 @@ def test_a_kill_storm_fails_no_request_and_the_server_recovers(tiny_checkpoint, 
                 codes.append(r.status_code)
             return codes
 
+        first = fork_servers(proc.pid)
+        assert first, "the model processes are forked from a fork server by default"
+
         async def storm() -> int:
             kills = 0
             rng = __import__("random").Random(7)
             while time.monotonic() < stop:
                 pids = await asyncio.to_thread(model_pids, proc.pid)
+                if kills == 8:  # once, late, their template: the next model process needs a new fork server
+                    pids = sorted(await asyncio.to_thread(fork_servers, proc.pid) & first) or pids
                 if pids:
                     try:
                         os.kill(rng.choice(pids), signal.SIGKILL)
@@ -153,6 +165,8 @@ def test_a_kill_storm_fails_no_request_and_the_server_recovers(tiny_checkpoint, 
                 break
             time.sleep(0.2)
         assert info["worker"]["replica_states"] == ["ready", "ready"], info["worker"]
+        assert kills > 8 and not fork_servers(proc.pid) & first  # the first fork server was killed
+        assert len(model_pids(proc.pid)) == 2  # and none of its model processes lingers
         assert httpx.get(url + "/health/ready", timeout=5).status_code == 200
         assert httpx.get(url + "/health/live", timeout=5).status_code == 200
     finally:
