@@ -138,7 +138,10 @@ def _cmd_serve(a) -> int:
     overrides = {k: v for k, v in vars(a).items() if k in Settings.model_fields and v is not None}
     if given := overrides.pop("model", None):  # the flag replaces QTREL_MODEL and QTREL_MODELS alike
         one = len(given) == 1 and parse_entry(given[0]).name is None  # a bare path or builtin, as before
-        overrides.update(model=given[0], models="") if one else overrides.update(model=None, models=",".join(given))
+        if one:
+            overrides.update(model=given[0], models="")
+        else:
+            overrides.update(model=None, models=",".join(given))
     try:
         settings = Settings(**overrides)
     except ValidationError as e:
