@@ -32,7 +32,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from model_speed import Batch, export_onnx, hf_model, make_batches, read_pairs
-from results import DOCS, command_line, machine, output_paths, update_section, write_json
+from results import DOCS, command_line, machine, publish, update_section
 
 from model.config import BertConfig
 from model.levels import MAX_BATCH_TOKENS
@@ -82,6 +82,17 @@ def isa_line(i: dict) -> str:
     return (
         f"{i['model_name']} ({i['vendor']} family {i['family']} model {i['model']}, {i['microarchitecture']}): {flags}"
     )
+
+
+def run_header(i: dict) -> dict:
+    """What every run's JSON starts with: the machine's ISA (`isa()`), the command, the time, torch."""
+    return {
+        "isa": i,
+        "isa_line": isa_line(i),
+        "command": command_line(),
+        "date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
+        "torch": torch.__version__,
+    }
 
 
 def slug_of(i: dict) -> str:
@@ -463,11 +474,9 @@ def main() -> int:
     }
     text = render(report, a.title or default_title(cpu))
     print("\n" + text)
-    md, js = output_paths("anchors", a.quick)
     slug = slug_of(cpu) + a.tag
-    write_json(js.with_name(f"anchors-{slug}.json"), report)
-    update_section(md, f"anchors:{slug}", text)
-    print(f"\nwrote {js.with_name(f'anchors-{slug}.json')} and the anchors:{slug} section of {md}")
+    md, js = publish("anchors", slug, report, text, a.quick)
+    print(f"\nwrote {js} and the anchors:{slug} section of {md}")
     return 0
 
 

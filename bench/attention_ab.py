@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 from anchors import isa, isa_line, slug_of
 from model_speed import read_pairs
-from results import command_line, machine, output_paths, update_section, write_json
+from results import command_line, machine, publish
 
 import model.bert as bert
 from model.relevance import RelevanceModel
@@ -152,10 +152,7 @@ def main() -> int:
     lines += [f"- {k}: " + ", ".join(f"{n} {v:.0f}" for n, v in d.items()) for k, d in kernels.items()]
     text = "\n".join(lines)
     print(text)
-    md, js = output_paths("attention_ab", a.quick)
-    slug = slug_of(isa())
-    write_json(js.with_name(f"attention_ab-{slug}.json"), report)
-    update_section(md, f"attention_ab:{slug}", text)
+    publish("attention_ab", slug_of(isa()), report, text, a.quick)
     return 0
 
 

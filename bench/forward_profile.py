@@ -27,7 +27,7 @@ from pathlib import Path
 import torch
 from anchors import isa, isa_line, slug_of
 from model_speed import read_pairs
-from results import DOCS, command_line, machine, output_paths, update_section, write_json
+from results import DOCS, command_line, machine, publish, update_section
 from torch.profiler import ProfilerActivity, profile, record_function
 
 import model.bert as bert
@@ -230,10 +230,7 @@ def main() -> int:
         }
     text = render(report)
     print("\n" + text)
-    md, js = output_paths("forward_profile", a.quick)
-    slug = slug_of(isa())
-    write_json(js.with_name(f"forward_profile-{slug}.json"), report)
-    update_section(md, f"forward_profile:{slug}", text)
+    publish("forward_profile", slug_of(isa()), report, text, a.quick)
     return 0
 
 

@@ -41,8 +41,8 @@ from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
-from anchors import isa, isa_line, slug_of
-from results import command_line, output_paths, update_section, write_json
+from anchors import isa, isa_line, run_header, slug_of
+from results import publish
 from torch import Tensor
 
 from model.onednn import OneDNNLinear
@@ -240,18 +240,12 @@ def main() -> int:
                 flush=True,
             )
     report = {
-        "isa": machine_isa,
-        "isa_line": isa_line(machine_isa),
-        "command": command_line(),
-        "date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
-        "torch": torch.__version__,
+        **run_header(machine_isa),
         "threads": args.threads,
         "repeats": args.repeats,
         "results": results,
     }
-    md, js = output_paths(f"int8_kernels-{slug_of(machine_isa)}{args.tag}", args.quick)
-    write_json(js, report)
-    update_section(md, f"int8_kernels:{slug_of(machine_isa)}{args.tag}", render(report))
+    publish("int8_kernels", slug_of(machine_isa) + args.tag, report, render(report), args.quick)
     print(render(report))
     return 0
 

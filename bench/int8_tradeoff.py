@@ -22,13 +22,12 @@ import argparse
 import csv
 import os
 import statistics
-import time
 import warnings
 from pathlib import Path
 
 import torch
-from anchors import isa, isa_line, measure, slug_of
-from results import DEV, command_line, output_paths, update_section, write_json
+from anchors import isa, isa_line, measure, run_header, slug_of
+from results import DEV, publish
 from torch import Tensor, nn
 
 from model.bert import Layer
@@ -155,20 +154,14 @@ def main() -> int:
             "pairs_per_cpu_s": {k: [args.speed_pairs / s for s in r["cpu_seconds"]] for k, r in runs.items()},
         }
     report = {
-        "isa": machine_isa,
-        "isa_line": isa_line(machine_isa),
-        "command": command_line(),
-        "date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
-        "torch": torch.__version__,
+        **run_header(machine_isa),
         "quality_pairs": args.quality_pairs,
         "speed_pairs": args.speed_pairs,
         "quality": q,
         "speed": speed,
         "fast_float": f"qtrel default ({fast_float.dtype})",
     }
-    md, js = output_paths(f"int8_tradeoff-{slug_of(machine_isa)}{args.tag}", args.quick)
-    write_json(js, report)
-    update_section(md, f"int8_tradeoff:{slug_of(machine_isa)}{args.tag}", render(report))
+    publish("int8_tradeoff", slug_of(machine_isa) + args.tag, report, render(report), args.quick)
     print(render(report))
     return 0
 

@@ -85,5 +85,14 @@ def update_section(path: Path, name: str, body: str) -> None:
     path.write_text(text, encoding="utf-8")
 
 
+def publish(name: str, key: str, report: dict, text: str, quick: bool) -> tuple[Path, Path]:
+    """`report` as `<name>-<key>.json` and `text` as the `<name>:<key>` section of the benchmarks file (a
+    machine kind's slug as the key: one table per kind); the two paths written."""
+    md, js = output_paths(f"{name}-{key}", quick)
+    write_json(js, report)
+    update_section(md, f"{name}:{key}", text)
+    return md, js
+
+
 def verdict(ok: bool) -> str:
     return "PASS" if ok else "FAIL"

@@ -14,7 +14,7 @@ from service.settings import Settings
 
 
 def registry(ckpt, **overrides) -> Models:
-    one = {} if "models" in overrides else {"model": str(ckpt)}
+    one = {} if overrides.get("models") else {"model": str(ckpt)}  # several models replace the one
     s = Settings(device="cpu", dtype="float32", worker="thread", warmup=False, **(one | overrides))
     return Models(s, Metrics())
 
