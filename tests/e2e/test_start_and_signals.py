@@ -161,7 +161,8 @@ def test_a_kill_storm_fails_no_request_and_the_server_recovers(tiny_checkpoint, 
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
             info = httpx.get(url + "/info", timeout=5).json()
-            if info["worker"]["replica_states"] == ["ready", "ready"]:
+            # both conditions: the storm's last kill may not be noticed yet when the states are read
+            if info["worker"]["replica_states"] == ["ready", "ready"] and len(model_pids(proc.pid)) == 2:
                 break
             time.sleep(0.2)
         assert info["worker"]["replica_states"] == ["ready", "ready"], info["worker"]
