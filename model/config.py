@@ -35,7 +35,9 @@ class BertConfig:
     hidden_dropout_prob: float = 0.1  # training only
     attention_probs_dropout_prob: float = 0.1  # training only
     classifier_dropout: float | None = None  # None: use hidden_dropout_prob
-    # Levels of the relevance head, in class order; class k predicts id2label[k].
+    # The head's classes, in order; class k grades level id2label[k]. The first classes are the levels, each
+    # once; a class after them that repeats a level's label is an extra class merged into that level
+    # (the "not a candidate" class, trained on sampled negatives, grades level 1: model.scoring.merge_classes).
     id2label: dict[int, str] = field(default_factory=lambda: {i: str(i + 1) for i in range(5)})
     # Heads removed per layer, Hugging Face `pruned_heads` form: {layer: [original head indices]}.
     pruned_heads: dict[int, list[int]] = field(default_factory=dict)
@@ -51,6 +53,9 @@ class BertConfig:
             raise ConfigError(f"hidden_act {self.hidden_act!r} is not supported (choose from {SUPPORTED_ACTIVATIONS})")
         if not self.id2label:
             raise ConfigError("id2label is empty: the head needs at least one level")
+        n = len(self.levels)
+        if self.labels[:n] != self.levels:
+            raise ConfigError(f"id2label {self.labels}: the levels come first, each once; extra classes after them")
         for layer, heads in self.pruned_heads.items():
             if not 0 <= layer < self.num_hidden_layers:
                 raise ConfigError(f"pruned_heads names layer {layer}, model has {self.num_hidden_layers}")
@@ -67,7 +72,26 @@ class BertConfig:
 
     @property
     def labels(self) -> list[str]:
+        """Each class's level, in class order (an extra class repeats its level's label)."""
         return [self.id2label[i] for i in range(self.num_labels)]
+
+    @property
+    def levels(self) -> list[str]:
+        """The levels a score grades: the distinct labels, in class order."""
+        return list(dict.fromkeys(self.labels))
+
+    @property
+    def negative_class(self) -> int:
+        """The class sampled negatives train: the extra class of the lowest level ("not a candidate",
+        `qtrel train --not-candidate 1`) where the head has one, else the lowest level's class, 0."""
+        lowest = self.labels[0]
+        return next((c for c in range(len(self.levels), self.num_labels) if self.labels[c] == lowest), 0)
+
+    @property
+    def class_levels(self) -> list[int]:
+        """Each class's level index (identity without extra classes)."""
+        index = {lab: i for i, lab in enumerate(self.levels)}
+        return [index[lab] for lab in self.labels]
 
     def heads_in_layer(self, layer: int) -> list[int]:
         """Original indices of the heads still present in `layer`."""
@@ -122,6 +146,6 @@ class BertConfig:
         d["model_type"] = "bert"
         d["architectures"] = ["BertForSequenceClassification"]
         d["id2label"] = {str(k): v for k, v in self.id2label.items()}
-        d["label2id"] = {v: k for k, v in self.id2label.items()}
+        d["label2id"] = {lab: i for i, lab in reversed(self.id2label.items())}  # a level's first class
         d["pruned_heads"] = {str(k): v for k, v in self.pruned_heads.items()}
         return d

@@ -22,7 +22,7 @@ from model.config import BertConfig
 from model.device import resolve_device, resolve_dtype
 from model.kernels import onednn_available, probe, use_onednn_linears, warm_linear_shapes
 from model.levels import DEFAULT_LEVELS, MAX_BATCH_TOKENS
-from model.scoring import LevelRule, ScoredBatch, level_values, score_logits
+from model.scoring import LevelRule, ScoredBatch, level_values, merge_classes, score_logits
 from model.tokenizer import EncodedPairs, PairTokenizer, Truncation
 
 __all__ = ["RelevanceModel", "PairScore", "level_values", "pad_batch", "length_batches", "new_from_encoder"]
@@ -111,7 +111,8 @@ class RelevanceModel:
         if self.onednn:
             use_onednn_linears(module)
         self.module = module
-        self.labels = self.cfg.labels
+        self.labels = self.cfg.levels  # what a score grades; the head may have extra classes (model.config)
+        self.class_levels = self.cfg.class_levels
         self.values = level_values(self.labels)
         try:
             self.rule = LevelRule.from_extra(self.cfg.extra, len(self.labels))
@@ -180,14 +181,17 @@ class RelevanceModel:
         input_ids: Sequence[Sequence[int]],
         token_type_ids: Sequence[Sequence[int]],
         head_mask: Tensor | None = None,
+        raw: bool = False,
     ) -> Tensor:
-        """One forward pass over a batch of encoded pairs -> (B, levels) float32 logits on cpu."""
+        """One forward pass over a batch of encoded pairs -> (B, levels) float32 logits on cpu; `raw`: one
+        per class of the head, before extra classes are merged into their levels (calibration)."""
         if self.unpadded:
-            return self.module.forward_packed(input_ids, token_type_ids, head_mask).float().cpu()
-        ids, seg, mask = pad_batch(input_ids, token_type_ids, self.tokenizer.pad_id)
-        dev = self.device
-        logits, _ = self.module(ids.to(dev), seg.to(dev), mask.to(dev), head_mask)
-        return logits.float().cpu()
+            logits = self.module.forward_packed(input_ids, token_type_ids, head_mask).float().cpu()
+        else:
+            ids, seg, mask = pad_batch(input_ids, token_type_ids, self.tokenizer.pad_id)
+            dev = self.device
+            logits = self.module(ids.to(dev), seg.to(dev), mask.to(dev), head_mask)[0].float().cpu()
+        return logits if raw else merge_classes(logits, self.class_levels)
 
     def probs(
         self,
@@ -206,14 +210,18 @@ class RelevanceModel:
         return self.tokenizer.encode([q for q, _ in pairs], [t for _, t in pairs], truncation=truncation)
 
     def encoded_logits(
-        self, enc: EncodedPairs, max_batch_tokens: int = MAX_BATCH_TOKENS, head_mask: Tensor | None = None
+        self,
+        enc: EncodedPairs,
+        max_batch_tokens: int = MAX_BATCH_TOKENS,
+        head_mask: Tensor | None = None,
+        raw: bool = False,
     ) -> Tensor:
         """(n, levels) float32 logits of encoded pairs, in their order, forwarded in length-sorted batches
-        of at most `max_batch_tokens` padded tokens."""
-        out = torch.empty(len(enc), len(self.labels))
+        of at most `max_batch_tokens` padded tokens (`raw`: per class, as `logits`)."""
+        out = torch.empty(len(enc), len(self.class_levels) if raw else len(self.labels))
         for batch in length_batches(enc.lengths, max_batch_tokens):
             out[batch] = self.logits(
-                [enc.input_ids[i] for i in batch], [enc.token_type_ids[i] for i in batch], head_mask
+                [enc.input_ids[i] for i in batch], [enc.token_type_ids[i] for i in batch], head_mask, raw
             )
         return out
 

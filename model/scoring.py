@@ -76,6 +76,21 @@ class ScoredBatch:
         return self.level.shape[0]
 
 
+def merge_classes(logits: Tensor, class_levels: Sequence[int]) -> Tensor:
+    """(B, classes) logits -> (B, levels) log-probabilities, each level's classes' probabilities summed: a
+    head with extra classes (model.config) scores as a head over its levels. Softmax of the result gives
+    the levels' probabilities, so everything downstream treats it as logits."""
+    n = max(class_levels) + 1
+    if len(class_levels) == n:
+        return logits
+    logp = logits.float().log_softmax(-1)
+    out = logp[:, :n].clone()
+    for c in range(n, len(class_levels)):
+        lv = class_levels[c]
+        out[:, lv] = torch.logaddexp(out[:, lv], logp[:, c])
+    return out
+
+
 def score_logits(logits: Tensor, values: Tensor, rule: LevelRule) -> ScoredBatch:
     """(B, k) logits -> the scored batch."""
     logits = logits.float()
@@ -121,12 +136,12 @@ def fit_cuts(
     cuts = torch.quantile(order, cum.clamp(0, 1)).tolist()
     for j, v in fixed.items():
         cuts[j] = v
-    for j in range(1, len(cuts)):  # ties in the scores: keep the cuts strictly increasing
+    for j in range(1, len(cuts)):  # ties in the scores: keep the cuts strictly increasing, at 1e-5 (stored to 1e-6)
         if j not in fixed:
-            cuts[j] = max(cuts[j], cuts[j - 1] + 1e-9)
+            cuts[j] = max(cuts[j], cuts[j - 1] + 1e-5)
     for j in range(len(cuts) - 2, -1, -1):  # and below a pinned one
         if j not in fixed:
-            cuts[j] = min(cuts[j], cuts[j + 1] - 1e-9)
+            cuts[j] = min(cuts[j], cuts[j + 1] - 1e-5)
     best = qwk(cuts)
     # Candidate thresholds: 401 quantiles of the observed scores (plenty, and fast).
     grid = torch.quantile(order, torch.linspace(0, 1, 401, dtype=torch.float64)).unique().tolist()

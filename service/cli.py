@@ -270,6 +270,12 @@ def _add_calibrate(sub) -> None:
         help="set the lowest level's cut point so that this share (e.g. 0.95) of unrelated titles "
         "(sampled negatives of the data file) grade at level 1; the other cut points are fitted around it",
     )
+    p.add_argument(
+        "--negatives-weight",
+        type=float,
+        default=1.0,
+        help="a head with a 'not a candidate' class: the weight of each sampled negative against a judged pair",
+    )
 
 
 def _cmd_calibrate(a) -> int:
@@ -277,7 +283,14 @@ def _cmd_calibrate(a) -> int:
 
     try:
         report = calibrate(
-            a.model, a.data, a.out, cuts=not a.no_cuts, min_share=a.min_share, bias=a.bias, unrelated=a.unrelated
+            a.model,
+            a.data,
+            a.out,
+            cuts=not a.no_cuts,
+            min_share=a.min_share,
+            bias=a.bias,
+            unrelated=a.unrelated,
+            negatives_weight=a.negatives_weight,
         )
     except ValueError as e:
         return _fail(a, e)

@@ -131,7 +131,7 @@ def score_dataset_ray(
         raise ValueError(f"{output} exists and is not empty: remove it or pass --overwrite")
     if cluster.num_actors < 1 or cluster.batch_size < 1:
         raise ValueError("num_actors and batch_size must be at least 1")
-    names = score_names(load_config(Path(model_dir)).labels, options.prefix, options.max_chunks is not None)
+    names = score_names(load_config(Path(model_dir)).levels, options.prefix, options.max_chunks is not None)
     if input.is_file() and kind != "jsonl":  # before a cluster starts: the header says it
         check_collision(names, SOURCES[kind](input, options.query_column, options.title_column).columns or [], input)
     if not ray.is_initialized():

@@ -24,11 +24,10 @@ from torch import Tensor
 
 from model.bert import BertForRelevance
 from model.checkpoint import load_module, save_checkpoint
-from model.data import Dataset, read_labelled
+from model.data import Dataset, Example, read_labelled
 from model.relevance import RelevanceModel
-from model.scoring import LevelRule, fit_cuts, score_logits
+from model.scoring import LevelRule, fit_cuts, merge_classes, score_logits
 from model.tokenizer import PairTokenizer
-from model.train.evaluate import score_dataset
 from model.train.metrics import quadratic_kappa
 from model.train.negatives import sample_negatives
 
@@ -172,6 +171,11 @@ def isotonic_rmse(ds: Dataset, expected: Tensor, k: int = 5, seed: int = 0) -> d
     }
 
 
+def class_logits(model: RelevanceModel, examples: Sequence[Example]) -> Tensor:
+    """(n, classes) logits, one per class of the head (before extra classes are merged)."""
+    return model.encoded_logits(model.encode([(e.query, e.title) for e in examples]), raw=True)
+
+
 def set_level_rule(module: BertForRelevance, rule: LevelRule) -> None:
     module.cfg = replace(module.cfg, extra={**module.cfg.extra, **rule.to_extra()})
 
@@ -200,6 +204,7 @@ def calibrate(
     min_share: float = 0.02,
     bias: bool = False,
     unrelated: float | None = None,
+    negatives_weight: float = 1.0,
 ) -> dict:
     """Fit the temperature (with `bias`, also a bias per level: vector scaling) and, with `cuts`, the
     level rule on `data_file`; write the checkpoint to `out`.
@@ -208,26 +213,37 @@ def calibrate(
     that share of unrelated titles falls at the lowest level: sampled negatives of `data_file` (a quarter
     as many as its pairs, titles of the file never judged for the query) are scored, and the cut is their
     `unrelated` quantile. Judged candidates are mostly related, so kappa alone puts the cut low and an
-    unrelated title lands at level 2; the other cut points are then fitted around it."""
+    unrelated title lands at level 2; the other cut points are then fitted around it.
+
+    A head with a "not a candidate" class (model.config) is calibrated per class, on the judged pairs and
+    the sampled negatives (labelled with that class, each weighing `negatives_weight` of a judged pair):
+    the judged pairs alone never show it, and would fit it away."""
     if unrelated is not None and not (0 < unrelated < 1 and cuts):
         raise ValueError("--unrelated is a share in (0, 1) of the lowest level's cut point: it needs the cut points")
     module = load_module(model_dir)
     # float32 on cpu, not packed: the model scores with `module` itself, which is then folded and saved
     model = RelevanceModel(module, PairTokenizer.from_dir(model_dir), onednn=False, unpadded=False)
     ds = read_labelled(data_file, model.labels)
-    logits = score_dataset(model, ds.examples).logits
-    negatives = sample_negatives(ds, 0.25, seed=0) if unrelated is not None else []
-    if unrelated is not None and not negatives:
-        raise ValueError(f"--unrelated: {data_file} has too few pairs to sample unrelated titles from")
-    neg_logits = score_dataset(model, negatives).logits if negatives else None
+    neg_class = module.cfg.negative_class
+    raw = class_logits(model, ds.examples)
+    negatives = sample_negatives(ds, 0.25, seed=0, label=neg_class) if unrelated is not None or neg_class else []
+    if (unrelated is not None or neg_class) and not negatives:
+        raise ValueError(f"{data_file} has too few pairs to sample unrelated titles from")
+    neg_raw = class_logits(model, negatives) if negatives else None
     y = torch.tensor(ds.labels)
+    fit_x, fit_y, fit_w = raw, y, None
+    if neg_class and neg_raw is not None:
+        fit_x = torch.cat([raw, neg_raw])
+        fit_y = torch.cat([y, torch.full((len(negatives),), neg_class)])
+        fit_w = torch.cat([torch.ones(len(y)), torch.full((len(negatives),), negatives_weight)])
     if bias:
-        t, b = fit_vector_scaling(logits, y)
+        t, b = fit_vector_scaling(fit_x, fit_y, fit_w)
     else:
-        t, b = fit_temperature(logits, y), torch.zeros(logits.shape[1])
-    before = torch.nn.functional.cross_entropy(logits, y).item()
-    logits = logits / t + b
-    after = torch.nn.functional.cross_entropy(logits, y).item()
+        t, b = fit_temperature(fit_x, fit_y), torch.zeros(fit_x.shape[1])
+    before = torch.nn.functional.cross_entropy(fit_x, fit_y).item()
+    after = torch.nn.functional.cross_entropy(fit_x / t + b, fit_y).item()
+    logits = merge_classes(raw / t + b, model.class_levels)
+    neg_logits = None if neg_raw is None else merge_classes(neg_raw / t + b, model.class_levels)
     fold_temperature(module, t)  # head / T, then + b: the same logits as above
     if bias:
         fold_bias(module, b)
@@ -236,6 +252,7 @@ def calibrate(
         "log_loss_before": round(before, 4),
         "log_loss_after": round(after, 4),
         "pairs": len(ds),
+        "negatives_in_fit": len(fit_y) - len(ds),
         "out": str(out),
     }
     if bias:
@@ -246,7 +263,7 @@ def calibrate(
         expected = plain.expected
         fixed = None
         if neg_logits is not None and unrelated is not None:
-            neg = score_logits(neg_logits / t + b, model.values, LevelRule()).expected
+            neg = score_logits(neg_logits, model.values, LevelRule()).expected
             fixed = {0: float(torch.quantile(neg.double(), unrelated))}
         rule = LevelRule(fit_cuts(expected.tolist(), ds.labels, k, min_share, fixed=fixed))
         set_level_rule(module, rule)

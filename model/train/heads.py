@@ -263,7 +263,7 @@ def prune_checkpoint(
         raise ValueError(f"--fraction must be in [0, 1), got {fraction}")
     module = load_module(model_dir)
     tok = PairTokenizer.from_dir(model_dir)
-    ds = read_labelled(data_file, module.cfg.labels)
+    ds = read_labelled(data_file, module.cfg.levels)
     ds.examples = ds.examples[:limit]
     enc = tok.encode([e.query for e in ds.examples], [e.title for e in ds.examples])
     order = prune_order(gradient_importance(module, enc, ds.labels, tok.pad_id), module)

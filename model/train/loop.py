@@ -59,22 +59,40 @@ def _build(args: TrainArgs) -> tuple[BertForRelevance, PairTokenizer, str]:
     """Continue a checkpoint that has a head; give an encoder-only one a new seeded head."""
     base = Path(args.base)
     if not has_head(base):
-        module, tok = new_from_encoder(base, args.labels, seed=args.seed, max_length=args.max_length)
+        labels = list(args.labels) + ([args.labels[0]] if args.not_candidate else [])
+        module, tok = new_from_encoder(base, labels, seed=args.seed, max_length=args.max_length)
         return module, tok, "new head"
     module = load_module(base)
-    if module.cfg.labels != list(args.labels):
-        raise ValueError(f"{base} predicts {module.cfg.labels}, not {args.labels}; train from its encoder instead")
+    if module.cfg.levels != list(args.labels):
+        raise ValueError(f"{base} predicts {module.cfg.levels}, not {args.labels}; train from its encoder instead")
     tok = PairTokenizer.from_dir(base, max_length=min(args.max_length, module.cfg.max_position_embeddings))
+    if args.not_candidate and not module.cfg.negative_class:
+        add_not_candidate_class(module)
+        return module, tok, "continue, with a new 'not a candidate' class"
     return module, tok, "continue"
 
 
-def epoch_data(train_ds: Dataset, args: TrainArgs, epoch: int, words: Sequence[str] = ()) -> Dataset:
-    """The judged pairs plus this epoch's negatives (a fresh, seeded draw per epoch); foreign ones are
-    made of `words` (the tokenizer's, `vocabulary_words`)."""
+def add_not_candidate_class(module: BertForRelevance) -> None:
+    """A new last class of the lowest level, a copy of its class, both biases lowered by log 2: the merged
+    level probabilities, hence every score, stay exactly as they were until training moves them apart."""
+    old = module.classifier
+    new = torch.nn.Linear(old.in_features, old.out_features + 1).to(old.weight.device, old.weight.dtype)
+    with torch.no_grad():
+        new.weight.copy_(torch.cat([old.weight, old.weight[:1]]))
+        new.bias.copy_(torch.cat([old.bias, old.bias[:1]]))
+        new.bias[0] -= math.log(2)
+        new.bias[-1] -= math.log(2)
+    module.classifier = new
+    module.cfg = module.cfg.with_labels([*module.cfg.labels, module.cfg.levels[0]])
+
+
+def epoch_data(train_ds: Dataset, args: TrainArgs, epoch: int, words: Sequence[str] = (), label: int = 0) -> Dataset:
+    """The judged pairs plus this epoch's negatives (a fresh, seeded draw per epoch), of class `label`;
+    foreign ones are made of `words` (the tokenizer's, `vocabulary_words`)."""
     if not args.negatives:
         return train_ds
     seed = args.seed * 1000 + epoch
-    return with_negatives(train_ds, args.negatives, seed, args.hard_negatives, args.foreign_negatives, words)
+    return with_negatives(train_ds, args.negatives, seed, args.hard_negatives, args.foreign_negatives, words, label)
 
 
 def loss_fn(logits: Tensor, labels: Tensor, values: Tensor, args: TrainArgs, targets: Tensor | None = None) -> Tensor:
@@ -95,7 +113,7 @@ def mse_targets(ds: Dataset, values: Tensor, args: TrainArgs) -> Tensor | None:
     level's value where a pair has no relevance. None with `mse_target level`."""
     if args.mse_target == "level":
         return None
-    lo, hi = values[0].item(), values[-1].item()
+    lo, hi = values.min().item(), values.max().item()
     return torch.tensor(
         [
             lo + (e.relevance - 1) / 2 * (hi - lo) if e.relevance is not None else values[e.label].item()
@@ -245,7 +263,8 @@ def train(args: TrainArgs) -> dict:
     device = torch.device(args.device)
     module.to(device).train()
     words = vocabulary_words(tok.vocabulary()) if args.foreign_negatives else []
-    steps_per_epoch = math.ceil(len(epoch_data(train_ds, args, 0, words)) / args.batch_size)  # the same every epoch
+    neg_label = module.cfg.negative_class
+    steps_per_epoch = math.ceil(len(epoch_data(train_ds, args, 0, words, neg_label)) / args.batch_size)  # every epoch
     total = math.ceil(args.epochs * steps_per_epoch)
     total = min(total, args.max_steps) if args.max_steps else total
     warmup = int(args.warmup_ratio * total)
@@ -262,7 +281,7 @@ def train(args: TrainArgs) -> dict:
     eval_every, state, t0, stop = args.eval_every or steps_per_epoch, run.state, time.perf_counter(), False
     while state["step"] < total and not stop:
         epoch = state["step"] // steps_per_epoch
-        ds = epoch_data(train_ds, args, epoch, words)
+        ds = epoch_data(train_ds, args, epoch, words, neg_label)
         enc = tok.encode([e.query for e in ds.examples], [e.title for e in ds.examples])
         labels, targets = torch.tensor(ds.labels), mse_targets(ds, values, args)
         batches = length_sorted_batches(enc.lengths, args.batch_size, random.Random(args.seed + epoch))

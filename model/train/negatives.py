@@ -205,18 +205,24 @@ def _swap(m: re.Match, rng: random.Random, keep: float, banned: set[str], foreig
 
 
 def with_negatives(
-    ds: Dataset, ratio: float, seed: int, hard: float = 0.0, foreign: float = 0.0, words: Sequence[str] = ()
+    ds: Dataset,
+    ratio: float,
+    seed: int,
+    hard: float = 0.0,
+    foreign: float = 0.0,
+    words: Sequence[str] = (),
+    label: int = 0,
 ) -> Dataset:
-    """`ds` followed by its sampled negatives (level index 0); the share `hard` of them hard ones, the
-    share `foreign` foreign ones made of `words`."""
+    """`ds` followed by its sampled negatives of class `label` (the lowest level, or the head's "not a
+    candidate" class); the share `hard` of them hard ones, the share `foreign` foreign ones made of `words`."""
     if not 0 <= hard <= 1 or not 0 <= foreign <= 1 or hard + foreign > 1:
         raise ValueError(f"the hard and foreign shares must be in [0, 1] and sum to at most 1, got {hard}, {foreign}")
     n_hard = round(ratio * hard * len(ds))
     n_foreign = round(ratio * foreign * len(ds))
     n_random = round(ratio * len(ds)) - n_hard - n_foreign
-    negs = sample_negatives(ds, n_random / len(ds), seed) if ds.examples else []
+    negs = sample_negatives(ds, n_random / len(ds), seed, label) if ds.examples else []
     if n_hard:
-        negs += sample_hard_negatives(ds, n_hard / len(ds), seed + 1)
+        negs += sample_hard_negatives(ds, n_hard / len(ds), seed + 1, label)
     if n_foreign:
-        negs += sample_foreign_negatives(ds, n_foreign / len(ds), seed + 2, words)
+        negs += sample_foreign_negatives(ds, n_foreign / len(ds), seed + 2, words, label)
     return Dataset(ds.examples + negs, path=ds.path)
