@@ -23,9 +23,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from model.data import read_labelled  # noqa: E402
 from model.relevance import RelevanceModel  # noqa: E402
-from model.scoring import LevelRule, fit_cuts, score_logits  # noqa: E402
+from model.scoring import LevelRule, fit_cuts, merge_classes, score_logits  # noqa: E402
 from model.train.calibrate import crossfit_qwk, fit_temperature, fit_vector_scaling, isotonic_rmse  # noqa: E402
-from model.train.evaluate import metrics_of, negatives_report, score_dataset  # noqa: E402
+from model.train.evaluate import metrics_of, negatives_report  # noqa: E402
 from model.train.negatives import sample_negatives  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -38,33 +38,50 @@ def off_domain_pairs() -> list[tuple[str, str]]:
         return [(r["query"], r["title"]) for r in csv.DictReader(f)]
 
 
-def variants(judged: torch.Tensor, neg: torch.Tensor, y: torch.Tensor) -> dict[str, tuple[float, torch.Tensor]]:
-    """name -> (temperature, bias per level) fitted on dev."""
+def variants(
+    judged: torch.Tensor, neg: torch.Tensor, y: torch.Tensor, neg_class: int = 0
+) -> dict[str, tuple[float, torch.Tensor]]:
+    """name -> (temperature, bias per class) fitted on dev. A head with a "not a candidate" class
+    (`neg_class`, model.config) is fitted with the negatives in every variant: judged pairs never show it."""
     k = judged.shape[1]
-    out = {"raw": (1.0, torch.zeros(k)), "temperature": (fit_temperature(judged, y), torch.zeros(k))}
-    out["vector (judged)"] = fit_vector_scaling(judged, y)
     both = torch.cat([judged, neg])
-    yy = torch.cat([y, torch.zeros(len(neg), dtype=torch.long)])
-    for w in (0.1, 0.3):
+    yy = torch.cat([y, torch.full((len(neg),), neg_class, dtype=torch.long)])
+    out = {"raw": (1.0, torch.zeros(k))}
+    if neg_class:
+        out["temperature (judged + negatives)"] = (fit_temperature(both, yy), torch.zeros(k))
+    else:
+        out["temperature"] = (fit_temperature(judged, y), torch.zeros(k))
+        out["vector (judged)"] = fit_vector_scaling(judged, y)
+    for w in (0.1, 0.3, 1.0) if neg_class else (0.1, 0.3):
         weights = torch.cat([torch.ones(len(judged)), torch.full((len(neg),), w)])
         out[f"vector (judged + {w} x negatives)"] = fit_vector_scaling(both, yy, weights)
     return out
 
 
+def class_logits(model: RelevanceModel, pairs: list[tuple[str, str]]) -> torch.Tensor:
+    """Logits per class of the head (before extra classes merge into their levels): what calibration fits."""
+    return model.encoded_logits(model.encode(pairs), raw=True)
+
+
+def calibrated(model: RelevanceModel, x: torch.Tensor, t: float, b: torch.Tensor) -> torch.Tensor:
+    """Per-level logits after the calibration (t, b) of per-class logits x."""
+    return merge_classes(x / t + b, model.class_levels)
+
+
 def report(path: str, ds, negs, min_share: float) -> dict:
     model = RelevanceModel.load(path)
-    judged = score_dataset(model, ds.examples).logits
-    neg = score_dataset(model, negs).logits
-    off = model.encoded_logits(model.encode(off_domain_pairs()))
+    judged = class_logits(model, [(e.query, e.title) for e in ds.examples])
+    neg = class_logits(model, [(e.query, e.title) for e in negs])
+    off = class_logits(model, off_domain_pairs())
     y = torch.tensor(ds.labels)
     rows = {}
-    for name, (t, b) in variants(judged, neg, y).items():
-        sj = score_logits(judged / t + b, model.values, LevelRule())
+    for name, (t, b) in variants(judged, neg, y, model.cfg.negative_class).items():
+        sj = score_logits(calibrated(model, judged, t, b), model.values, LevelRule())
         cuts = fit_cuts(sj.expected.tolist(), ds.labels, len(model.labels), min_share)
         rule = LevelRule(cuts)
-        sj = score_logits(judged / t + b, model.values, rule)
-        sn = score_logits(neg / t + b, model.values, rule)
-        so = score_logits(off / t + b, model.values, rule)
+        sj = score_logits(calibrated(model, judged, t, b), model.values, rule)
+        sn = score_logits(calibrated(model, neg, t, b), model.values, rule)
+        so = score_logits(calibrated(model, off, t, b), model.values, rule)
         m = metrics_of(ds, sj)
         iso = isotonic_rmse(ds, sj.expected, len(model.labels))
         rows[name] = {
@@ -76,7 +93,7 @@ def report(path: str, ds, negs, min_share: float) -> dict:
             "ndcg@10": m["ndcg@10"],
             "qwk_cuts": m["qwk"],
             "qwk_crossfit": crossfit_qwk(ds, sj.expected, len(model.labels), min_share),
-            "log_loss": torch.nn.functional.cross_entropy(judged / t + b, y).item(),
+            "log_loss": torch.nn.functional.cross_entropy(calibrated(model, judged, t, b), y).item(),
             "level_shares": (torch.bincount(sj.level, minlength=len(model.labels)) / len(ds)).tolist(),
             "negatives": negatives_report(ds, sj, negs, sn),
             "off_domain": {

@@ -22,33 +22,39 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from calibration_variants import DEV, off_domain_pairs, variants  # noqa: E402  (the bench folder is on the path)
+from calibration_variants import (  # noqa: E402  (the bench folder is on the path)
+    DEV,
+    calibrated,
+    class_logits,
+    off_domain_pairs,
+    variants,
+)
 
 from model.data import read_labelled  # noqa: E402
 from model.relevance import RelevanceModel  # noqa: E402
 from model.scoring import LevelRule, fit_cuts, score_logits  # noqa: E402
 from model.train.calibrate import isotonic_rmse  # noqa: E402
-from model.train.evaluate import metrics_of, negatives_report, score_dataset  # noqa: E402
+from model.train.evaluate import metrics_of, negatives_report  # noqa: E402
 from model.train.negatives import sample_negatives  # noqa: E402
 
 
 def sweep(path: str, ds, fit_negs, test_negs, off_pairs) -> list[dict]:
     m = RelevanceModel.load(path)
-    judged = score_dataset(m, ds.examples).logits
-    neg = score_dataset(m, fit_negs).logits
-    test = score_dataset(m, test_negs).logits
-    off = m.encoded_logits(m.encode(off_pairs))
+    judged = class_logits(m, [(e.query, e.title) for e in ds.examples])
+    neg = class_logits(m, [(e.query, e.title) for e in fit_negs])
+    test = class_logits(m, [(e.query, e.title) for e in test_negs])
+    off = class_logits(m, off_pairs)
     y = torch.tensor(ds.labels)
     k = len(m.labels)
-    calibrations = {name: tb for name, tb in variants(judged, neg, y).items() if name != "raw"}
+    calibrations = {name: tb for name, tb in variants(judged, neg, y, m.cfg.negative_class).items() if name != "raw"}
     rows = []
     for name, (t, b) in calibrations.items():
-        plain_j = score_logits(judged / t + b, m.values, LevelRule())
-        plain_n = score_logits(neg / t + b, m.values, LevelRule())
+        plain_j = score_logits(calibrated(m, judged, t, b), m.values, LevelRule())
+        plain_n = score_logits(calibrated(m, neg, t, b), m.values, LevelRule())
         for share in (None, 0.9, 0.95):
             fixed = None if share is None else {0: float(torch.quantile(plain_n.expected.double(), share))}
             rule = LevelRule(fit_cuts(plain_j.expected.tolist(), ds.labels, k, 0.02, fixed=fixed))
-            sj, sn, so = (score_logits(x / t + b, m.values, rule) for x in (judged, test, off))
+            sj, sn, so = (score_logits(calibrated(m, x, t, b), m.values, rule) for x in (judged, test, off))
             mm = metrics_of(ds, sj)
             negs = negatives_report(ds, sj, test_negs, sn)
             row = {
