@@ -4,16 +4,20 @@ On some CPUs OpenVINO's compiled BERT beats the torch path (oneDNN-packed linear
 issue 20 measured torch at 0.79x OpenVINO bf16 on a Zen 4 (docs/benchmarks.md). The torch path stays:
 head masks and explanations need it, and it takes any batch OpenVINO refuses.
 
-The float32 checkpoint is converted with `ov.convert_model` (torch's tracing, dynamic batch and sequence
-axes) on the padded forward `module(ids, segments, mask)` and compiled for the CPU in the model's
-precision, with the LATENCY hint and torch's thread count. Compiling starts OpenVINO's thread pools, so a
-process that forks (the model template) must never call `OpenVINOForward`; a model process builds its own
-after the fork. `openvino` is an optional dependency (`pip install qtrel[openvino]`): `missing()` says why
-it cannot be used, and everything else works without it.
+The float32 checkpoint's padded forward `module(ids, segments, mask)` is exported to ONNX in memory
+(dynamic batch and sequence axes), read by OpenVINO's runtime and compiled for the CPU in the model's
+precision, with the LATENCY hint and torch's thread count. Not `ov.convert_model`: it sends usage
+telemetry to Google Analytics unless a consent file in $HOME says no, and a model process must not call
+out. Compiling starts OpenVINO's thread pools, so a process that forks (the model template) must never
+build an `OpenVINOForward`; a model process builds its own after the fork. `openvino` is an optional
+dependency (`pip install 'qtrel[openvino]'`, with `onnx` for torch's exporter): `missing()` says why it
+cannot be used, and everything else works without it.
 """
 
 from __future__ import annotations
 
+import importlib
+import io
 import logging
 import random
 import time
@@ -35,16 +39,17 @@ FILL = 0.8  # a pair joins a group whose longest pair it fills to this share at 
 
 
 def missing() -> str | None:
-    """Why OpenVINO cannot be used here (not installed, or it fails to import), or None."""
-    try:
-        import openvino  # noqa: F401
-    except Exception as e:  # ImportError, or a broken install raising anything while loading its libraries
-        return f"openvino not importable ({type(e).__name__}: {(str(e).splitlines() or [''])[0][:160]})"
+    """Why OpenVINO cannot be used here (it or `onnx` not installed, or failing to import), or None."""
+    for name in ("openvino", "onnx"):
+        try:
+            importlib.import_module(name)
+        except Exception as e:  # ImportError, or a broken install raising anything while loading its libraries
+            return f"{name} not importable ({type(e).__name__}: {(str(e).splitlines() or [''])[0][:160]})"
     return None
 
 
 class _Padded(nn.Module):
-    """The padded forward with logits only: what OpenVINO traces."""
+    """The padded forward with logits only: what is exported."""
 
     def __init__(self, module: BertForRelevance):
         super().__init__()
@@ -72,9 +77,22 @@ class OpenVINOForward:
         self.max_positions = module.cfg.max_position_embeddings
         ids = torch.tensor([[101, 2000, 102], [101, 2001, 102]])
         example = (ids, torch.zeros_like(ids), torch.ones_like(ids))
+        names = ["input_ids", "token_type_ids", "attention_mask"]
+        onnx = io.BytesIO()
         with warnings.catch_warnings(), torch.no_grad():
             warnings.simplefilter("ignore")  # tracer warnings about Python values in the graph
-            graph = ov.convert_model(_Padded(module.eval()), example_input=example)
+            torch.onnx.export(
+                _Padded(module.eval()),
+                example,
+                onnx,  # type: ignore[arg-type]  # the TorchScript exporter takes a file object: no disk
+                input_names=names,
+                output_names=["logits"],
+                dynamic_axes={k: {0: "batch", 1: "seq"} for k in names} | {"logits": {0: "batch"}},
+                opset_version=17,
+                dynamo=False,  # the TorchScript exporter: no onnxscript, and the graph bench/anchors.py times
+            )
+        graph = ov.Core().read_model(onnx.getvalue(), b"")
+        del onnx
         config = {
             "PERFORMANCE_HINT": "LATENCY",
             "INFERENCE_PRECISION_HINT": PRECISION_HINTS[precision],
