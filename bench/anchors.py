@@ -368,6 +368,16 @@ def main() -> int:
     }
     precision = {n: prec for n in systems} | {"qtrel fp32 (unpadded, oneDNN)": "float32"}
     notes: dict[str, str] = {}
+    m_ov = RelevanceModel.load(a.model, dtype=prec)  # qtrel's own OpenVINO forward (QTREL_INFERENCE=openvino)
+    m_ov.use_inference("openvino")
+    if m_ov.inference == "openvino":
+        m_ov.warm_up()
+        ov_name = f"qtrel inference=openvino ({short[prec]}, groups of similar length)"
+        systems[ov_name] = qtrel_batches(m_ov, lists, batches, padded=False)
+        systems[f"qtrel inference=openvino own batches ({short[prec]}, 8192 tokens)"] = qtrel_own(m_ov, enc, order)
+        precision |= {n: prec for n in systems if n.startswith("qtrel inference=openvino")}
+    else:
+        notes["qtrel inference=openvino"] = f"not measured: {m_ov.inference_reason}"
     hf32 = hf_model(a.model, "sdpa")
     systems["transformers fp32 (sdpa)"] = hf_pass(hf32, batches)
     precision["transformers fp32 (sdpa)"] = "float32"
