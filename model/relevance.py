@@ -245,7 +245,7 @@ class RelevanceModel:
     ) -> Tensor:
         """One forward pass over a batch of encoded pairs -> (B, levels) float32 logits on cpu."""
         ov = self._openvino
-        if ov is not None and head_mask is None and ov.runs(input_ids):
+        if ov is not None and head_mask is None and ov.runs(input_ids, token_type_ids):
             try:
                 return ov.logits(input_ids, token_type_ids)
             except Exception as e:  # this batch on torch; the model process lives on

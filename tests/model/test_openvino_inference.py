@@ -100,6 +100,9 @@ def test_a_batch_openvino_refuses_gets_torchs_answer(ov32, torch32):
         ov32.logits(too_long, [seg[0] + [1] * 4])
     with pytest.raises(ValueError):  # an empty batch, likewise
         ov32.logits([], [])
+    for bad_ids, bad_seg in (([101, 40000, 102], [0, 0, 0]), ([101, -3, 102], [0, 0, 0]), ([101, 7, 102], [0, 5, 0])):
+        with pytest.raises(IndexError):  # an unknown token or segment id: OpenVINO would answer it
+            ov32.logits([bad_ids], [bad_seg])
 
 
 def test_auto_probes_both_and_reports_the_choice(ov, tiny_checkpoint):
