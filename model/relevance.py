@@ -118,7 +118,7 @@ class RelevanceModel:
         self.source: Path | None = None  # the checkpoint directory, where loaded from one (load())
         # What runs the forward pass (use_inference): torch until a model process asks for OpenVINO.
         self.inference = "torch"
-        self.inference_reason = "not asked for another"
+        self.inference_reason = "RelevanceModel's default"
         self.inference_probe: dict | None = None
         self._openvino: OpenVINOForward | None = None
         self._openvino_failed = False  # logged once

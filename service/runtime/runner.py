@@ -44,9 +44,9 @@ def load_model(spec: LoadSpec) -> RelevanceModel:
 def start_inference(model: RelevanceModel, spec: LoadSpec) -> None:
     """The spec's inference choice (RelevanceModel.use_inference), after the torch threads are set. Never in
     the fork server's template: OpenVINO starts thread pools, and the template must fork with one thread."""
+    t0 = time.perf_counter()
+    model.use_inference(spec.inference)  # "torch": nothing to build, and OpenVINO is never imported
     if spec.inference != "torch":
-        t0 = time.perf_counter()
-        model.use_inference(spec.inference)
         log.info("inference %s (%s) in %.2fs", model.inference, model.inference_reason, time.perf_counter() - t0)
 
 
