@@ -173,9 +173,10 @@ class RelevanceModel:
     def use_inference(self, choice: str) -> None:
         """What runs the forward pass: "torch", "openvino" (compiled here from the checkpoint on disk, cpu,
         float32/bfloat16), or "auto": both timed on two realistic batches (about a second on the default
-        model), the faster kept. Where OpenVINO is missing or fails to convert or compile, torch, with the
-        reason in `describe()`. Compiling starts OpenVINO's thread pools: never call this in a process that
-        forks (service.runtime.template). Head masks always run on torch."""
+        model), OpenVINO kept only where it is clearly faster (`openvino_inference.MARGIN`). Where OpenVINO
+        is missing or fails to convert or compile, torch, with the reason in `describe()`. Compiling starts
+        OpenVINO's thread pools: never call this in a process that forks (service.runtime.template). Head
+        masks always run on torch."""
         from model import openvino_inference as ovi
 
         if choice not in ovi.CHOICES:

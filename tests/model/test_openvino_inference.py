@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from model.openvino_inference import MARGIN
 from model.relevance import RelevanceModel
 from tests.conftest import read_pairs
 
@@ -113,7 +114,8 @@ def test_auto_probes_both_and_reports_the_choice(ov, tiny_checkpoint):
     assert d["inference_reason"].startswith("auto: probe on 32x") and "openvino" in d["inference_reason"]
     probe = d["inference_probe"]
     assert set(probe) == {"torch_ms", "openvino_ms"} and all(v > 0 for v in probe.values())
-    assert d["inference"] == ("openvino" if probe["openvino_ms"] < probe["torch_ms"] else "torch")
+    faster = probe["torch_ms"] > MARGIN * probe["openvino_ms"]  # only a clear win switches engines
+    assert d["inference"] == ("openvino" if faster else "torch")
     json.dumps(d)  # /info shows it as is
     m.use_inference("torch")  # and back: torch alone, nothing of OpenVINO kept
     assert m.describe()["inference"] == "torch" and m.describe()["inference_probe"] is None
