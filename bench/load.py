@@ -413,12 +413,18 @@ def worker_text(w: dict | None) -> str:
     )
 
 
+def inference_text(inference: dict | None) -> str:
+    if not inference or not inference.get("inference"):
+        return ""
+    return f"inference {inference['inference']} ({inference.get('inference_reason')}), "
+
+
 def render(r: dict) -> str:
     lines = [
         f"{'###' if r.get('title') else '##'} Serving under load (`bench/load.py`){r.get('title', '')}",
         "",
-        f"`qtrel serve` (dtype {r.get('dtype', 'auto')}, {worker_text(r.get('server_worker'))}, default batching "
-        "settings) on loopback, driven from "
+        f"`qtrel serve` (dtype {r.get('dtype', 'auto')}, {worker_text(r.get('server_worker'))}, "
+        f"{inference_text(r.get('server_inference'))}default batching settings) on loopback, driven from "
         f"a separate client process ({r['http_client']}); each scenario {r['warmup']:g} s warm-up + {r['seconds']:g} "
         "s measured. Latency per request; padding and batch size from the server's /metrics over the window. "
         "Offline = RelevanceModel.predict on the same pairs in this run (length-sorted, 8192-token batches) on the "
@@ -502,7 +508,10 @@ async def drive_qtrel(
     """(a), (b), (c); with `anchor` = (Infinity's url, pid, bodies), (a) and Infinity's (e) alternate over
     --anchor-rounds rounds (order swapped each round) before (b) and (c)."""
     with urllib.request.urlopen(base + "/info", timeout=10) as r:
-        a.server_worker = json.load(r).get("worker")
+        info = json.load(r)
+    a.server_worker = info.get("worker")
+    # what runs the forward (QTREL_INFERENCE) and why: the first model process's, as /info shows it
+    a.server_inference = {k: info.get("model", {}).get(k) for k in ("inference", "inference_reason")}
     name_a = f"(a) {a.clients} clients x 1 pair"
     if anchor is None:
         a_res = await scenario(name_a, base, bodies_a, a, pid, clients=a.clients)
@@ -688,6 +697,7 @@ def main() -> int:
                 )
             report["scenarios"].append(d)
     report["server_worker"] = getattr(a, "server_worker", None)
+    report["server_inference"] = getattr(a, "server_inference", None)
     report["targets"] = targets(report)
     inf_note = (
         f"(e) Infinity ({report['infinity_server']['version']}, dtype {a.infinity_dtype}, {a.cores} torch threads, "

@@ -9,6 +9,7 @@ requests gives pairs/s, and the tree is read again after it.
 
   python bench/memory.py                                  # qtrel (template), qtrel (spawn), Infinity
   python bench/memory.py --systems template --quick       # one system, to /tmp/qtrel-bench-quick
+  python bench/memory.py --systems torch openvino --tag=-openvino   # the two forwards, pinned
 
 qtrel is `qtrel serve` on its default model and layout (score cache off, as bench/load.py), once with
 `--process-start template` (the default: model processes forked from one warm template) and once with
@@ -34,7 +35,10 @@ from load import Server, free_port, one_pair_bodies, query_bodies, read_dev
 from results import ROOT, command_line, machine, output_paths, update_section, write_json
 
 MODEL = ROOT / "model" / "default"
-SYSTEMS = ("template", "spawn", "infinity")
+SYSTEMS = ("template", "spawn", "torch", "openvino", "infinity")
+# qtrel systems: (process start, inference); "template" and "spawn" keep the server's default inference (auto)
+QTREL = {"template": ("template", None), "spawn": ("spawn", None), "torch": ("template", "torch")}
+QTREL["openvino"] = ("template", "openvino")
 
 
 def smaps(pid: int) -> dict[str, int] | None:
@@ -163,7 +167,9 @@ def measure(system: str, a, tmp: Path, one, many, load, inf_one, inf_load) -> di
         extra = {"version": infinity_anchor.version(exe), "command": " ".join(cmd[1:])}
     else:
         cmd = [sys.executable, "-m", "service.cli", "serve", "--model", str(MODEL), "--host", "127.0.0.1"]
-        cmd += ["--port", str(port), "--log-level", "warning", "--cache-mb", "0", "--process-start", system]
+        start, inference = QTREL[system]
+        cmd += ["--port", str(port), "--log-level", "warning", "--cache-mb", "0", "--process-start", start]
+        cmd += ["--inference", inference] if inference else []
         srv = Server(cmd, url, "/health/ready", tmp / f"qtrel-{system}.log", a.start_timeout)
         route, bodies_one, bodies_many, bodies_load = "/score", one, many, load
         extra = {"command": " ".join(cmd[3:])}
@@ -198,6 +204,8 @@ def mb(kib: int) -> str:
 NAMES = {
     "template": "qtrel serve, `--process-start template` (default)",
     "spawn": "qtrel serve, `--process-start spawn` (before)",
+    "torch": "qtrel serve, `--inference torch`",
+    "openvino": "qtrel serve, `--inference openvino`",
     "infinity": "Infinity",
 }
 
@@ -274,7 +282,7 @@ def render(r: dict) -> str:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--systems", nargs="+", default=list(SYSTEMS), choices=SYSTEMS)
+    p.add_argument("--systems", nargs="+", default=["template", "spawn", "infinity"], choices=SYSTEMS)
     p.add_argument("--clients", type=int, default=32)
     p.add_argument("--load-requests", type=int, default=1500, help="one-pair requests of the load phase")
     p.add_argument("--settle", type=float, default=5.0, help="idle seconds before each reading")
@@ -282,6 +290,7 @@ def main() -> None:
     p.add_argument("--infinity", help="infinity_emb executable (default: bench/infinity_anchor.py's search)")
     p.add_argument("--repeats", type=int, default=1, help="rounds of all systems, interleaved (speed: median, range)")
     p.add_argument("--quick", action="store_true", help="write to /tmp/qtrel-bench-quick, not docs/")
+    p.add_argument("--tag", default="", help="suffix of the JSON name and the docs section, e.g. -openvino")
     a = p.parse_args()
     rows = read_dev()
     one, pairs = one_pair_bodies(rows, 21 + a.load_requests)
@@ -308,9 +317,9 @@ def main() -> None:
             if s in a.systems
         ]
     report["loadavg_after"] = os.getloadavg()[0]
-    md, js = output_paths("memory", a.quick)
+    md, js = output_paths("memory" + a.tag, a.quick)
     write_json(js, report)
-    update_section(md, "memory", render(report))
+    update_section(md, "memory" + a.tag, render(report))
     print(render(report))
     print(f"wrote {js} and {md}")
 

@@ -12,6 +12,7 @@ import logging
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor, nn
@@ -24,6 +25,9 @@ from model.kernels import onednn_available, probe, use_onednn_linears, warm_line
 from model.levels import DEFAULT_LEVELS, MAX_BATCH_TOKENS
 from model.scoring import LevelRule, ScoredBatch, level_values, merge_classes, score_logits
 from model.tokenizer import EncodedPairs, PairTokenizer, Truncation
+
+if TYPE_CHECKING:  # imported where OpenVINO is asked for: the torch path never loads it
+    from model.openvino_inference import OpenVINOForward
 
 __all__ = ["RelevanceModel", "PairScore", "level_values", "pad_batch", "length_batches", "new_from_encoder"]
 
@@ -111,6 +115,13 @@ class RelevanceModel:
         if self.onednn:
             use_onednn_linears(module)
         self.module = module
+        self.source: Path | None = None  # the checkpoint directory, where loaded from one (load())
+        # What runs the forward pass (use_inference): torch until a model process asks for OpenVINO.
+        self.inference = "torch"
+        self.inference_reason = "RelevanceModel's default"
+        self.inference_probe: dict | None = None
+        self._openvino: OpenVINOForward | None = None
+        self._openvino_failed = False  # logged once
         self.labels = self.cfg.levels  # what a score grades; the head may have extra classes (model.config)
         self.class_levels = self.cfg.class_levels
         self.values = level_values(self.labels)
@@ -136,7 +147,9 @@ class RelevanceModel:
         limit = min(max_length, module.cfg.max_position_embeddings)
         tok = PairTokenizer.from_dir(path, max_length=limit)
         name = str(module.cfg.extra.get("qtrel_model_id") or path.name)
-        return cls(module, tok, device=device, dtype=dtype, name=name, onednn=onednn, unpadded=unpadded)
+        m = cls(module, tok, device=device, dtype=dtype, name=name, onednn=onednn, unpadded=unpadded)
+        m.source = path
+        return m
 
     @property
     def max_length(self) -> int:
@@ -153,7 +166,57 @@ class RelevanceModel:
             "level_rule": self.rule.name,
             "level_cuts": None if self.rule.cuts is None else list(self.rule.cuts),
             "cpu_kernels": self.cpu_kernels,
+            "inference": self.inference,
+            "inference_reason": self.inference_reason,
+            "inference_probe": self.inference_probe,
         }
+
+    def use_inference(self, choice: str) -> None:
+        """What runs the forward pass: "torch", "openvino" (compiled here from the checkpoint on disk, cpu,
+        float32/bfloat16), or "auto": both timed on two realistic batches (about a second on the default
+        model), OpenVINO kept only where it is clearly faster (`openvino_inference.MARGIN`). Where OpenVINO
+        is missing or fails to convert or compile, torch, with the reason in `describe()`. Compiling starts
+        OpenVINO's thread pools: never call this in a process that forks (service.runtime.template). Head
+        masks always run on torch."""
+        from model import openvino_inference as ovi
+
+        if choice not in ovi.CHOICES:
+            raise ValueError(f"inference must be one of {list(ovi.CHOICES)}, got {choice!r}")
+        self._openvino, self.inference_probe = None, None
+        self.inference, self.inference_reason = "torch", f"inference={choice}"
+        if choice == "torch":
+            return
+        why = ovi.missing()
+        if why is None and self.device.type != "cpu":
+            why = f"OpenVINO serves the cpu here, not {self.device}"
+        if why is None and self.dtype not in ovi.PRECISION_HINTS:
+            why = f"OpenVINO takes float32 or bfloat16, not {self.dtype}"
+        if why is None and self.source is None:
+            why = "no checkpoint directory to convert from"
+        if why is None:
+            try:
+                assert self.source is not None
+                fp32 = load_module(self.source)  # the float32 weights: self.module is cast and repacked
+                self._openvino = ovi.OpenVINOForward(fp32, self.dtype, torch.get_num_threads(), self.tokenizer.pad_id)
+                del fp32
+            except Exception as e:  # conversion or compilation: torch serves
+                why = f"conversion failed: {type(e).__name__}: {(str(e).splitlines() or [''])[0][:200]}"
+        if why is not None or self._openvino is None:
+            self.inference_reason = f"torch: {why}"
+            (log.warning if choice == "openvino" else log.info)("inference=%s runs torch: %s", choice, why)
+            return
+        if choice == "openvino":
+            self.inference, self.inference_reason = "openvino", "inference=openvino"
+            return
+        vocab = min(self.tokenizer.vocab_size, self.cfg.vocab_size)
+        batches = ovi.probe_batches(self.max_length, vocab, self.tokenizer.cls_id, self.tokenizer.sep_id)
+        with torch.inference_mode():
+            result = ovi.probe(self._torch_logits, self._openvino.logits, batches)
+        self.inference, self.inference_probe = result.winner, result.figures()
+        self.inference_reason = f"auto: {result.summary()}"
+        if result.winner == "torch":
+            self._openvino = None  # not kept: its weights are a second copy
+        log.info("inference=auto chose %s: %s", result.winner, result.summary())
 
     def warm_up(self, max_batch_tokens: int = MAX_BATCH_TOKENS, kernels: bool = True) -> None:
         """Forward passes over a spread of lengths and batch sizes, and (unpadded path, `kernels`) every linear
@@ -161,7 +224,7 @@ class RelevanceModel:
         happen here, not on a user's request. `kernels=False`: the forward passes only, for a process forked
         from one that built the kernels (they touch the pages a request writes, so that the copies on write
         happen here too)."""
-        if self.unpadded and kernels:
+        if self.unpadded and kernels and self._openvino is None:  # with OpenVINO only head masks run torch
             warm_linear_shapes(self.module, max_batch_tokens)
         vocab = min(self.tokenizer.vocab_size, self.cfg.vocab_size)
         for length in sorted({8, 32, self.max_length}):
@@ -185,13 +248,35 @@ class RelevanceModel:
     ) -> Tensor:
         """One forward pass over a batch of encoded pairs -> (B, levels) float32 logits on cpu; `raw`: one
         per class of the head, before extra classes are merged into their levels (calibration)."""
+        logits = None
+        ov = self._openvino
+        if ov is not None and head_mask is None and ov.runs(input_ids, token_type_ids):
+            try:
+                logits = ov.logits(input_ids, token_type_ids)
+            except Exception as e:  # this batch on torch; the model process lives on
+                if not self._openvino_failed:
+                    self._openvino_failed = True
+                    log.warning(
+                        "OpenVINO failed on a batch, torch answered it (logged once): %s: %s", type(e).__name__, e
+                    )
+        if logits is None:
+            logits = self._torch_logits(input_ids, token_type_ids, head_mask)
+        return logits if raw else merge_classes(logits, self.class_levels)
+
+    def _torch_logits(
+        self,
+        input_ids: Sequence[Sequence[int]],
+        token_type_ids: Sequence[Sequence[int]],
+        head_mask: Tensor | None = None,
+    ) -> Tensor:
+        """(B, classes) float32 logits on cpu from the torch module."""
         if self.unpadded:
             logits = self.module.forward_packed(input_ids, token_type_ids, head_mask).float().cpu()
         else:
             ids, seg, mask = pad_batch(input_ids, token_type_ids, self.tokenizer.pad_id)
             dev = self.device
             logits = self.module(ids.to(dev), seg.to(dev), mask.to(dev), head_mask)[0].float().cpu()
-        return logits if raw else merge_classes(logits, self.class_levels)
+        return logits
 
     def probs(
         self,

@@ -100,6 +100,15 @@ class Settings(BaseSettings):
         "that holds torch and this model loaded and warmed up once, shared by every model process; spawn = "
         "each a new interpreter that loads and warms its own (more memory; docs/benchmarks.md)",
     )
+    inference: Literal["auto", "torch", "openvino"] = Field(
+        "auto",
+        description="what runs the forward pass on cpu: torch (oneDNN linears, unpadded batches), openvino "
+        "(the optional extra qtrel[openvino]; padded batches compiled by OpenVINO), or auto = each model process "
+        "times both on two realistic batches at start-up (about a second) and serves with OpenVINO only where it "
+        "is at least 1.1x faster. Head masks "
+        "(explanations) always run on torch; without OpenVINO, or where it fails to load, torch. /info shows "
+        "the choice and why (model.inference, model.inference_reason)",
+    )
 
     batch_timeout_s: float = Field(
         30.0,

@@ -39,6 +39,8 @@ class LoadSpec:
     warmup: bool = True
     max_batch_tokens: int = MAX_BATCH_TOKENS  # the largest batch warm-up prepares for
     start: str = "template"  # process backend on cpu: "template" (forked by the fork server) or "spawn"
+    # What runs the forward: "torch", "openvino" or "auto" (probed); chosen in the model process after the fork.
+    inference: str = "torch"
     # Extra named jobs beside the built-in ones, as (name, "module:function") (e.g. a test's fault job).
     jobs: tuple[tuple[str, str], ...] = ()
     # Test-only fault hook: "module:function", called as function(model, batch) before each forward.

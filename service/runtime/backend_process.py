@@ -69,6 +69,7 @@ def child_main(conn, spec: LoadSpec) -> None:
         else:  # forked from the fork server's copy: shared pages, no loading
             model = base.model
             runner.set_threads(spec.threads or base.default_threads)
+        runner.start_inference(model, spec)  # here, after the fork: OpenVINO's thread pools are this process's
         conn.send(Loaded(model.describe()))
     except Exception as e:
         conn.send(Failed(f"{type(e).__name__}: {e}"))

@@ -22,6 +22,7 @@ class ThreadBackend(Backend):
     def load(self) -> dict:
         try:
             self.model = runner.load_model(self.spec)
+            runner.start_inference(self.model, self.spec)
         except Exception as e:
             raise LoadFailed(f"{type(e).__name__}: {e}") from e
         return self.model.describe()

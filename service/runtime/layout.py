@@ -37,6 +37,7 @@ class Runtime:
             warmup=settings.warmup,
             max_batch_tokens=settings.max_batch_tokens,
             start=settings.process_start,
+            inference=settings.inference,
         )
 
 

@@ -41,6 +41,15 @@ def load_model(spec: LoadSpec) -> RelevanceModel:
     return m
 
 
+def start_inference(model: RelevanceModel, spec: LoadSpec) -> None:
+    """The spec's inference choice (RelevanceModel.use_inference), after the torch threads are set. Never in
+    the fork server's template: OpenVINO starts thread pools, and the template must fork with one thread."""
+    t0 = time.perf_counter()
+    model.use_inference(spec.inference)  # "torch": nothing to build, and OpenVINO is never imported
+    if spec.inference != "torch":
+        log.info("inference %s (%s) in %.2fs", model.inference, model.inference_reason, time.perf_counter() - t0)
+
+
 def warm_up(model: RelevanceModel, spec: LoadSpec, kernels: bool = True) -> None:
     """`kernels=False`: a process forked from a template that built them (RelevanceModel.warm_up)."""
     if spec.warmup:

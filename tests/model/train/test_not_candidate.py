@@ -147,3 +147,14 @@ def test_calibration_fits_the_class_on_sampled_negatives(six, data, tmp_path):
     # Temperature only: one scalar for all six classes.
     plain = calibrate(six, data[1], tmp_path / "t", cuts=False)
     assert plain["negatives_in_fit"] == 100 and "level_bias" not in plain
+
+
+def test_the_openvino_forward_merges_the_classes_as_torch(six):
+    pytest.importorskip("openvino")
+    pairs = read_pairs(10)
+    torch_path = RelevanceModel.load(six).predict(pairs)
+    m = RelevanceModel.load(six)
+    m.use_inference("openvino")
+    assert m.describe()["inference"] == "openvino"
+    for a, b in zip(m.predict(pairs), torch_path):
+        assert len(a.probs) == 5 and a.probs == pytest.approx(b.probs, abs=1e-4) and a.level == b.level

@@ -410,3 +410,21 @@ def test_readiness_before_warmup_and_during_drain(tiny_checkpoint, monkeypatch):
         r = httpx.get(srv.url + "/health/ready")
         assert r.status_code == 503 and "draining" in r.json()["error"]
         assert httpx.post(srv.url + "/score", json={"query": "q", "titles": ["t"]}).status_code == 503
+
+
+@pytest.mark.parametrize("inference", ["openvino", "auto"])
+def test_info_says_what_runs_the_forward_and_why(tiny_checkpoint, inference):
+    pytest.importorskip("openvino")
+    with live_server(tiny_checkpoint, inference=inference, replicas=1, threads=1) as srv:
+        info = httpx.get(srv.url + "/info").json()
+        r = httpx.post(
+            srv.url + "/score", json={"query": "drill", "titles": ["cordless drill", "area rug"]}, timeout=60
+        )
+    assert r.status_code == 200 and len(r.json()["results"]) == 2
+    assert info["settings"]["inference"] == inference
+    model = info["model"]
+    if inference == "openvino":
+        assert model["inference"] == "openvino" and model["inference_reason"] == "inference=openvino"
+    else:  # the probe's choice and figures
+        assert model["inference"] in ("torch", "openvino") and model["inference_reason"].startswith("auto: probe on")
+        assert set(model["inference_probe"]) == {"torch_ms", "openvino_ms"}

@@ -21,11 +21,19 @@ def test_the_runtime_is_resolved_once_into_what_the_worker_loads(tmp_path):
         max_length=64,
         warmup=False,
         max_batch_tokens=2048,
+        inference="openvino",
     )
     rt = resolve_runtime(s, cores=2)
     assert rt == Runtime(Path(tmp_path), "cpu", "float32", "process", 2, 1)
     assert rt.load_spec(s) == LoadSpec(
-        str(tmp_path), device="cpu", dtype="float32", max_length=64, threads=1, warmup=False, max_batch_tokens=2048
+        str(tmp_path),
+        device="cpu",
+        dtype="float32",
+        max_length=64,
+        threads=1,
+        warmup=False,
+        max_batch_tokens=2048,
+        inference="openvino",
     )
     thread = resolve_runtime(Settings(model=str(tmp_path), device="cpu", worker="thread"), cores=8)
     assert (thread.worker, thread.replicas) == ("thread", 1) and thread.dtype in ("float32", "bfloat16")

@@ -11,6 +11,8 @@ import sys
 from multiprocessing import forkserver
 from pathlib import Path
 
+import pytest
+
 from service.runtime import backend_process, template
 from service.runtime.backend import LoadSpec
 from service.runtime.backend_process import start_context
@@ -35,12 +37,14 @@ def memory(pid):
     return {"rss": d["Rss"], "private": d["Private_Clean"] + d["Private_Dirty"]}
 
 if __name__ == "__main__":
-    spec = LoadSpec(sys.argv[1], threads=1, jobs=TEST_JOBS + (("state", "tests.service.runtime.jobs:template_state"),))
+    jobs = TEST_JOBS + (("state", "tests.service.runtime.jobs:template_state"),)
+    spec = LoadSpec(sys.argv[1], threads=1, jobs=jobs, inference=sys.argv[2])
     backends = [ProcessBackend(spec) for _ in range(2)]
     batch = [([101, 2023, 2003, 102], [0, 0, 0, 0]), ([101, 7592, 102, 2088, 102], [0, 0, 0, 1, 1])]
+    inference = []
     try:
         for b in backends:
-            b.load()
+            inference.append(b.load()["inference"])
             b.warm_up()
         scores = [b.forward(batch).expected for b in backends]
         server = [int(open(f"/proc/{b.pid}/stat").read().rsplit(")", 1)[1].split()[1]) for b in backends]
@@ -51,6 +55,8 @@ if __name__ == "__main__":
             "parents": server,
             "me": os.getpid(),
             "parent_threads": [len(os.listdir(f"/proc/{p}/task")) for p in server],
+            "parent_openvino": [any("openvino" in line for line in open(f"/proc/{p}/maps")) for p in server],
+            "inference": inference,
             "children": [memory(b.pid) for b in backends],
         }
     finally:
@@ -60,22 +66,38 @@ if __name__ == "__main__":
 """
 
 
-def test_model_processes_are_forked_from_one_warm_template_and_share_it(tiny_checkpoint, tmp_path):
+def forked(checkpoint: Path, tmp_path: Path, inference: str) -> dict:
     probe = tmp_path / "probe.py"
     probe.write_text(PROBE)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
-    cmd = [sys.executable, str(probe), str(tiny_checkpoint)]
+    cmd = [sys.executable, str(probe), str(checkpoint), inference]
     done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
-    out = json.loads(done.stdout.splitlines()[-1])
+    return json.loads(done.stdout.splitlines()[-1])
+
+
+def test_model_processes_are_forked_from_one_warm_template_and_share_it(tiny_checkpoint, tmp_path):
+    out = forked(tiny_checkpoint, tmp_path, "torch")
     for got in out["scores"]:  # the real model, in each process
         assert got == out["want"]
     assert out["states"] == [{"template": True, "warmed": True, "threads": 1}] * 2
     fork_server = out["parents"][0]
     assert out["parents"] == [fork_server] * 2 and fork_server != out["me"]  # not forked from the server
     assert out["parent_threads"] == [1, 1]  # the fork server forks with no other thread alive
+    assert out["inference"] == ["torch"] * 2 and out["parent_openvino"] == [False, False]
     for child in out["children"]:  # torch and the model are the template's pages, not the child's own
         assert child["private"] < 0.25 * child["rss"], child
+
+
+def test_openvino_is_compiled_in_each_forked_model_process_never_in_the_template(tiny_checkpoint, tmp_path):
+    pytest.importorskip("openvino")
+    out = forked(tiny_checkpoint, tmp_path, "openvino")
+    assert out["inference"] == ["openvino"] * 2  # each model process compiled its own, after the fork
+    for got in out["scores"]:  # float32 OpenVINO: the torch path's scores to rounding
+        assert got == pytest.approx(out["want"], abs=1e-5)
+    assert out["states"] == [{"template": True, "warmed": True, "threads": 1}] * 2  # torch's pages still shared
+    assert out["parent_threads"] == [1, 1]  # the template still forks with one thread...
+    assert out["parent_openvino"] == [False, False]  # ...and never loaded OpenVINO at all
 
 
 def test_a_template_serves_only_its_own_spec_as_it_is_on_disk(tiny_checkpoint, monkeypatch):
