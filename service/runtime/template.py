@@ -88,9 +88,14 @@ def build(spec: LoadSpec) -> Template | None:
 
 
 def take(spec: LoadSpec) -> Template | None:
-    """The template, if it is `spec`'s model as it is on disk now."""
+    """The template, if it is `spec`'s model as it is on disk now (whatever the inference choice: that is
+    made after the fork, and a restart pins `auto` to the first process's choice)."""
     t = TEMPLATE
-    if t is None or t.spec != spec or t.stamp != weights_stamp(spec.model_dir):
+    if (
+        t is None
+        or dataclasses.replace(t.spec, inference=spec.inference) != spec
+        or t.stamp != weights_stamp(spec.model_dir)
+    ):
         return None
     return t
 

@@ -25,7 +25,7 @@ import queue
 import threading
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -83,6 +83,9 @@ class Worker:
         self.batch_timeout_s = batch_timeout_s if mode == "process" else None  # a thread cannot be killed
         self.info: ModelInfo | None = None
         self.restarts = 0
+        # inference=auto: the first model process's probe decides for every later one (a restart after a
+        # crash is back seconds sooner, without OpenVINO's export and a second probe)
+        self._inference: str | None = None
         self._obs: WorkerObserver = observer or NoObserver()
         self._jobs: queue.Queue[Pending | None] = queue.Queue()
         self._lock = threading.RLock()  # the summary state, info, restarts; submitting against failing
@@ -95,7 +98,7 @@ class Worker:
                 from service.runtime.backend_thread import ThreadBackend
 
                 return ThreadBackend(spec)
-            return ProcessBackend(spec, f"qtrel-model-{index}")
+            return ProcessBackend(self.start_spec, f"qtrel-model-{index}")
 
         self._replicas = [
             Replica(i, make_backend, self._jobs, self._replica_changed, self._loaded, self._restarted, policy)
@@ -261,8 +264,19 @@ class Worker:
             if item.future.set_running_or_notify_cancel():
                 item.future.set_exception(NotReady(why))
 
+    @property
+    def start_spec(self) -> LoadSpec:
+        """The spec a model process starts with: the worker's, its `auto` inference pinned to what the first
+        model process chose once one has."""
+        with self._lock:
+            if self.spec.inference == "auto" and self._inference is not None:
+                return replace(self.spec, inference=self._inference)
+            return self.spec
+
     def _loaded(self, described: dict) -> None:
         with self._lock:
+            if self._inference is None and described.get("inference") in ("torch", "openvino"):
+                self._inference = described["inference"]
             if self.info is None:
                 tok = PairTokenizer.from_dir(Path(self.spec.model_dir), max_length=described["max_length"])
                 self.info = ModelInfo.of(described, tok)

@@ -10,6 +10,7 @@ TEST_JOBS = (
     ("labels_of", "tests.service.runtime.jobs:labels_of"),
     ("raise_value_error", "tests.service.runtime.jobs:raise_value_error"),
     ("sleep_on_model", "tests.service.runtime.jobs:sleep_on_model"),
+    ("inference_of", "tests.service.runtime.jobs:inference_of"),
 )
 
 
@@ -43,3 +44,8 @@ def template_state(model):
     t = template.TEMPLATE
     used = t is not None and t.model is model
     return {"template": used, "warmed": bool(t and t.warmed), "threads": torch.get_num_threads()}
+
+
+def inference_of(model):
+    """What runs this model process's forward pass, and why (RelevanceModel.use_inference)."""
+    return model.inference, model.inference_reason

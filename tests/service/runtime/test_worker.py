@@ -210,3 +210,30 @@ def test_a_poison_pair_fails_after_its_retry_and_the_worker_serves_on(tiny_check
     w.stop()
     assert obs.reasons == ["died", "died"] and obs.retried == 1
     assert obs.failed == ["process_died", "error"]
+
+
+def test_a_restarted_model_process_keeps_the_first_ones_inference_choice(tiny_checkpoint):
+    """inference=auto probes in the first model process; a replacement starts with that choice pinned
+    (no second OpenVINO export and probe while the server is short of a replica)."""
+    jobs = TEST_JOBS + (("state", "tests.service.runtime.jobs:template_state"),)
+    w = Worker(LoadSpec(str(tiny_checkpoint), jobs=jobs, inference="auto"))
+
+    async def main():
+        w.start()
+        await w.wait_ready()
+        chosen, why = await w.job("inference_of")
+        assert why.startswith(("auto:", "torch:")), why  # the probe ran, or OpenVINO is missing here
+        assert w.start_spec.inference == chosen
+        templated = (await w.job("state"))["template"]
+        first = w.pids[0]
+        os.kill(first, signal.SIGKILL)
+        deadline = time.monotonic() + 60
+        while (w.state != WorkerState.READY or w.pids[:1] in ([], [first])) and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        again, why_again = await w.job("inference_of")
+        assert again == chosen and why_again == f"inference={chosen}", why_again
+        assert (await w.job("state"))["template"] == templated  # the pinned spec still takes the template
+
+    asyncio.run(main())
+    w.stop()
+    assert w.restarts == 1
