@@ -20,7 +20,7 @@ import math
 import random
 import time
 from collections.abc import Sequence
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any, NotRequired, TypedDict
 
@@ -83,7 +83,11 @@ def add_not_candidate_class(module: BertForRelevance) -> None:
         new.bias[0] -= math.log(2)
         new.bias[-1] -= math.log(2)
     module.classifier = new
-    module.cfg = module.cfg.with_labels([*module.cfg.labels, module.cfg.levels[0]])
+    cfg = module.cfg.with_labels([*module.cfg.labels, module.cfg.levels[0]])
+    bias = cfg.extra.get("qtrel_level_bias")  # a calibration's record, one entry per class: the copy's too
+    if bias:
+        cfg = replace(cfg, extra={**cfg.extra, "qtrel_level_bias": [*bias, bias[0]]})
+    module.cfg = cfg
 
 
 def epoch_data(train_ds: Dataset, args: TrainArgs, epoch: int, words: Sequence[str] = (), label: int = 0) -> Dataset:

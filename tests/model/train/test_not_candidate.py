@@ -92,6 +92,7 @@ def test_adding_the_class_to_a_trained_head_changes_no_score(tiny_checkpoint):
     module = load_module(tiny_checkpoint)
     add_not_candidate_class(module)
     assert module.cfg.labels == ["1", "2", "3", "4", "5", "1"] and module.classifier.out_features == 6
+    assert "qtrel_level_bias" not in module.cfg.extra  # never calibrated with a bias: nothing to extend
     after = RelevanceModel(module, RelevanceModel.load(tiny_checkpoint).tokenizer).predict(pairs)
     for b, a in zip(before, after):
         assert a.level == b.level and a.score == pytest.approx(b.score, abs=1e-5)
@@ -131,6 +132,15 @@ def test_training_adds_the_class_once_and_labels_the_negatives_with_it(tiny_chec
     # Without the flag a five-class head stays five.
     train(run_args(tiny_checkpoint, data, tmp_path / "d", max_steps=2))
     assert load_module(tmp_path / "d").cfg.num_labels == 5
+
+
+def test_a_calibrated_heads_bias_record_grows_with_the_class():
+    from model.builtin import builtin_dir
+
+    module = load_module(builtin_dir())  # v2.1: calibrated with a bias per level
+    before = module.cfg.extra["qtrel_level_bias"]
+    add_not_candidate_class(module)
+    assert module.cfg.extra["qtrel_level_bias"] == [*before, before[0]]
 
 
 def test_calibration_fits_the_class_on_sampled_negatives(six, data, tmp_path):
