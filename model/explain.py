@@ -14,6 +14,7 @@ from torch import Tensor
 
 from model.levels import MAX_BATCH_TOKENS
 from model.relevance import RelevanceModel, pad_batch
+from model.scoring import merge_classes
 from model.tokenizer import Truncation
 
 SUMMARY_DECIMALS = 6  # per-head summaries and attributions
@@ -92,7 +93,8 @@ def attentions(model: RelevanceModel, ids: list[int], seg: list[int]) -> tuple[T
     dev = model.device
     logits, att = model.module(x.to(dev), s.to(dev), m.to(dev), output_attentions=True)
     assert att is not None
-    return logits[0].float().cpu(), [a[0].float().cpu() for a in att]
+    merged = merge_classes(logits.float().cpu(), model.class_levels)  # per level, as model.logits returns
+    return merged[0], [a[0].float().cpu() for a in att]
 
 
 def occlusion(

@@ -168,3 +168,14 @@ def test_the_openvino_forward_merges_the_classes_as_torch(six):
     assert m.describe()["inference"] == "openvino"
     for a, b in zip(m.predict(pairs), torch_path):
         assert len(a.probs) == 5 and a.probs == pytest.approx(b.probs, abs=1e-4) and a.level == b.level
+
+
+def test_an_explanation_of_a_six_class_head_grades_five_levels(six):
+    from model.explain import explain_pair
+
+    m = RelevanceModel.load(six)
+    (q, t) = read_pairs(1)[0]
+    out = explain_pair(m, q, t, attention=True)
+    (want,) = m.predict([(q, t)])
+    assert out["labels"] == m.labels and len(out["probs"]) == 5
+    assert out["score"] == pytest.approx(want.score, abs=1e-3) and out["level"] == want.level
