@@ -23,8 +23,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from model.data import read_labelled  # noqa: E402
 from model.relevance import RelevanceModel  # noqa: E402
-from model.scoring import LevelRule, fit_cuts, merge_classes, score_logits  # noqa: E402
-from model.train.calibrate import crossfit_qwk, fit_temperature, fit_vector_scaling, isotonic_rmse  # noqa: E402
+from model.scoring import LevelRule, fit_cuts, score_logits  # noqa: E402
+from model.train.calibrate import (  # noqa: E402
+    calibrated,
+    class_logits,
+    crossfit_qwk,
+    fit_temperature,
+    fit_vector_scaling,
+    isotonic_rmse,
+    pairs_of,
+)
 from model.train.evaluate import metrics_of, negatives_report  # noqa: E402
 from model.train.negatives import sample_negatives  # noqa: E402
 
@@ -58,20 +66,10 @@ def variants(
     return out
 
 
-def class_logits(model: RelevanceModel, pairs: list[tuple[str, str]]) -> torch.Tensor:
-    """Logits per class of the head (before extra classes merge into their levels): what calibration fits."""
-    return model.encoded_logits(model.encode(pairs), raw=True)
-
-
-def calibrated(model: RelevanceModel, x: torch.Tensor, t: float, b: torch.Tensor) -> torch.Tensor:
-    """Per-level logits after the calibration (t, b) of per-class logits x."""
-    return merge_classes(x / t + b, model.class_levels)
-
-
 def report(path: str, ds, negs, min_share: float) -> dict:
     model = RelevanceModel.load(path)
-    judged = class_logits(model, [(e.query, e.title) for e in ds.examples])
-    neg = class_logits(model, [(e.query, e.title) for e in negs])
+    judged = class_logits(model, pairs_of(ds.examples))
+    neg = class_logits(model, pairs_of(negs))
     off = class_logits(model, off_domain_pairs())
     y = torch.tensor(ds.labels)
     rows = {}

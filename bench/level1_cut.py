@@ -22,27 +22,21 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from calibration_variants import (  # noqa: E402  (the bench folder is on the path)
-    DEV,
-    calibrated,
-    class_logits,
-    off_domain_pairs,
-    variants,
-)
+from calibration_variants import DEV, off_domain_pairs, variants  # noqa: E402  (the bench folder is on the path)
 
 from model.data import read_labelled  # noqa: E402
 from model.relevance import RelevanceModel  # noqa: E402
 from model.scoring import LevelRule, fit_cuts, score_logits  # noqa: E402
-from model.train.calibrate import isotonic_rmse  # noqa: E402
+from model.train.calibrate import calibrated, class_logits, isotonic_rmse, pairs_of  # noqa: E402
 from model.train.evaluate import metrics_of, negatives_report  # noqa: E402
 from model.train.negatives import sample_negatives  # noqa: E402
 
 
 def sweep(path: str, ds, fit_negs, test_negs, off_pairs) -> list[dict]:
     m = RelevanceModel.load(path)
-    judged = class_logits(m, [(e.query, e.title) for e in ds.examples])
-    neg = class_logits(m, [(e.query, e.title) for e in fit_negs])
-    test = class_logits(m, [(e.query, e.title) for e in test_negs])
+    judged = class_logits(m, pairs_of(ds.examples))
+    neg = class_logits(m, pairs_of(fit_negs))
+    test = class_logits(m, pairs_of(test_negs))
     off = class_logits(m, off_pairs)
     y = torch.tensor(ds.labels)
     k = len(m.labels)

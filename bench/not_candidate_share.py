@@ -16,11 +16,13 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from calibration_variants import DEV, class_logits, off_domain_pairs  # noqa: E402  (the bench folder)
+from calibration_variants import DEV, off_domain_pairs  # noqa: E402  (the bench folder)
 
 from model.data import read_labelled  # noqa: E402
 from model.relevance import RelevanceModel  # noqa: E402
-from model.train.calibrate import fit_vector_scaling  # noqa: E402
+from model.scoring import LevelRule, score_logits  # noqa: E402
+from model.train.calibrate import calibrated, class_logits, fit_vector_scaling, pairs_of  # noqa: E402
+from model.train.evaluate import metrics_of  # noqa: E402
 from model.train.negatives import sample_negatives  # noqa: E402
 
 
@@ -36,27 +38,25 @@ def main() -> None:
         sys.exit(f"{a.checkpoint} has no 'not a candidate' class")
     ds = read_labelled(DEV, m.labels)
     negs = sample_negatives(ds, 0.25, seed=0)
-    judged = class_logits(m, [(e.query, e.title) for e in ds.examples])
-    neg = class_logits(m, [(e.query, e.title) for e in negs])
+    judged = class_logits(m, pairs_of(ds.examples))
+    neg = class_logits(m, pairs_of(negs))
     off = class_logits(m, off_domain_pairs())
-    rel, y = torch.tensor([e.relevance for e in ds.examples]), torch.tensor(ds.labels)
-    values = torch.tensor([float(m.labels[c]) for c in m.class_levels])
+    y = torch.tensor(ds.labels)
     k = len(m.labels)
 
-    def rmse(expected: torch.Tensor) -> float:  # levels 1..5 onto relevance 1..3
-        return ((1 + (expected - 1) / 2 - rel) ** 2).mean().sqrt().item()
+    def rmse(logits: torch.Tensor) -> float:  # of the expected level, on the raters' 1..3 scale
+        return metrics_of(ds, score_logits(logits, m.values, LevelRule()))["rmse_relevance"]
 
     both, yy = torch.cat([judged, neg]), torch.cat([y, torch.full((len(neg),), nac)])
     for w in (0.1, 0.3, 1.0, 3.0):
         t, b = fit_vector_scaling(both, yy, torch.cat([torch.ones(len(judged)), torch.full((len(neg),), w)]))
         pj, pn, po = ((x / t + b).softmax(-1) for x in (judged, neg, off))
-        cand = pj[:, :k] / pj[:, :k].sum(-1, keepdim=True)
         by_level = [round(pj[y == lv, nac].mean().item(), 3) for lv in range(k)]
         print(
             f"W {w}: p(not a candidate) judged mean {pj[:, nac].mean():.3f} median {pj[:, nac].median():.3f} "
             f"q90 {pj[:, nac].quantile(0.9):.3f}, by level {by_level}; negatives {pn[:, nac].mean():.3f}; "
-            f"off-domain {po[:, nac].mean():.3f} | RMSE all classes {rmse(pj @ values):.4f}, "
-            f"judged classes only {rmse(cand @ values[:k]):.4f}",
+            f"off-domain {po[:, nac].mean():.3f} | RMSE all classes {rmse(calibrated(m, judged, t, b)):.4f}, "
+            f"judged classes only {rmse((judged / t + b)[:, :k]):.4f}",  # softmax over them: given a candidate
             flush=True,
         )
 

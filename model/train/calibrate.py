@@ -171,9 +171,19 @@ def isotonic_rmse(ds: Dataset, expected: Tensor, k: int = 5, seed: int = 0) -> d
     }
 
 
-def class_logits(model: RelevanceModel, examples: Sequence[Example]) -> Tensor:
-    """(n, classes) logits, one per class of the head (before extra classes are merged)."""
-    return model.encoded_logits(model.encode([(e.query, e.title) for e in examples]), raw=True)
+def class_logits(model: RelevanceModel, pairs: Sequence[tuple[str, str]]) -> Tensor:
+    """(n, classes) logits of (query, title) pairs, one per class of the head (before extra classes are
+    merged): what calibration fits."""
+    return model.encoded_logits(model.encode(pairs), raw=True)
+
+
+def pairs_of(examples: Sequence[Example]) -> list[tuple[str, str]]:
+    return [(e.query, e.title) for e in examples]
+
+
+def calibrated(model: RelevanceModel, logits: Tensor, t: float, b: Tensor) -> Tensor:
+    """Per-level logits after the calibration (temperature t, bias per class b) of per-class logits."""
+    return merge_classes(logits / t + b, model.class_levels)
 
 
 def set_level_rule(module: BertForRelevance, rule: LevelRule) -> None:
@@ -225,11 +235,11 @@ def calibrate(
     model = RelevanceModel(module, PairTokenizer.from_dir(model_dir), onednn=False, unpadded=False)
     ds = read_labelled(data_file, model.labels)
     neg_class = module.cfg.negative_class
-    raw = class_logits(model, ds.examples)
+    raw = class_logits(model, pairs_of(ds.examples))
     negatives = sample_negatives(ds, 0.25, seed=0, label=neg_class) if unrelated is not None or neg_class else []
     if (unrelated is not None or neg_class) and not negatives:
         raise ValueError(f"{data_file} has too few pairs to sample unrelated titles from")
-    neg_raw = class_logits(model, negatives) if negatives else None
+    neg_raw = class_logits(model, pairs_of(negatives)) if negatives else None
     y = torch.tensor(ds.labels)
     fit_x, fit_y, fit_w = raw, y, None
     if neg_class and neg_raw is not None:
@@ -242,8 +252,8 @@ def calibrate(
         t, b = fit_temperature(fit_x, fit_y), torch.zeros(fit_x.shape[1])
     before = torch.nn.functional.cross_entropy(fit_x, fit_y).item()
     after = torch.nn.functional.cross_entropy(fit_x / t + b, fit_y).item()
-    logits = merge_classes(raw / t + b, model.class_levels)
-    neg_logits = None if neg_raw is None else merge_classes(neg_raw / t + b, model.class_levels)
+    logits = calibrated(model, raw, t, b)
+    neg_logits = None if neg_raw is None else calibrated(model, neg_raw, t, b)
     fold_temperature(module, t)  # head / T, then + b: the same logits as above
     if bias:
         fold_bias(module, b)
