@@ -271,12 +271,11 @@ class RelevanceModel:
     ) -> Tensor:
         """(B, classes) float32 logits on cpu from the torch module."""
         if self.unpadded:
-            logits = self.module.forward_packed(input_ids, token_type_ids, head_mask).float().cpu()
-        else:
-            ids, seg, mask = pad_batch(input_ids, token_type_ids, self.tokenizer.pad_id)
-            dev = self.device
-            logits = self.module(ids.to(dev), seg.to(dev), mask.to(dev), head_mask)[0].float().cpu()
-        return logits
+            return self.module.forward_packed(input_ids, token_type_ids, head_mask).float().cpu()
+        ids, seg, mask = pad_batch(input_ids, token_type_ids, self.tokenizer.pad_id)
+        dev = self.device
+        logits, _ = self.module(ids.to(dev), seg.to(dev), mask.to(dev), head_mask)
+        return logits.float().cpu()
 
     def probs(
         self,

@@ -83,9 +83,6 @@ class Worker:
         self.batch_timeout_s = batch_timeout_s if mode == "process" else None  # a thread cannot be killed
         self.info: ModelInfo | None = None
         self.restarts = 0
-        # inference=auto: the first model process's probe decides for every later one (a restart after a
-        # crash is back seconds sooner, without OpenVINO's export and a second probe)
-        self._inference: str | None = None
         self._obs: WorkerObserver = observer or NoObserver()
         self._jobs: queue.Queue[Pending | None] = queue.Queue()
         self._lock = threading.RLock()  # the summary state, info, restarts; submitting against failing
@@ -267,16 +264,16 @@ class Worker:
     @property
     def start_spec(self) -> LoadSpec:
         """The spec a model process starts with: the worker's, its `auto` inference pinned to what the first
-        model process chose once one has."""
+        model process chose once one has (a restart after a crash is back seconds sooner, without OpenVINO's
+        export and a second probe)."""
         with self._lock:
-            if self.spec.inference == "auto" and self._inference is not None:
-                return replace(self.spec, inference=self._inference)
-            return self.spec
+            chosen = self.info.details.get("inference") if self.info is not None else None
+        if self.spec.inference == "auto" and chosen in ("torch", "openvino"):
+            return replace(self.spec, inference=chosen)
+        return self.spec
 
     def _loaded(self, described: dict) -> None:
         with self._lock:
-            if self._inference is None and described.get("inference") in ("torch", "openvino"):
-                self._inference = described["inference"]
             if self.info is None:
                 tok = PairTokenizer.from_dir(Path(self.spec.model_dir), max_length=described["max_length"])
                 self.info = ModelInfo.of(described, tok)
