@@ -95,7 +95,7 @@ class Worker:
                 from service.runtime.backend_thread import ThreadBackend
 
                 return ThreadBackend(spec)
-            return ProcessBackend(self.start_spec, f"qtrel-model-{index}")
+            return ProcessBackend(self.spec_for(index), f"qtrel-model-{index}")
 
         self._replicas = [
             Replica(i, make_backend, self._jobs, self._replica_changed, self._loaded, self._restarted, policy)
@@ -271,6 +271,17 @@ class Worker:
         if self.spec.inference == "auto" and chosen in ("torch", "openvino"):
             return replace(self.spec, inference=chosen)
         return self.spec
+
+    def spec_for(self, index: int) -> LoadSpec:
+        """`start_spec`, but with `auto` only the first model process probes: the others wait for its choice.
+        Two engines' scores differ in the last bits (bfloat16: ~0.005 on a score), and a pair must score the
+        same whichever process takes it. Should the first never load, the others probe for themselves."""
+        if self.spec.inference == "auto" and index > 0:
+            first = self._replicas[0]
+            while self.info is None and first.state not in (State.FAILED, *ENDING):
+                if self._machine.wait_for(ENDING, 0.05) in ENDING:
+                    break
+        return self.start_spec
 
     def _loaded(self, described: dict) -> None:
         with self._lock:

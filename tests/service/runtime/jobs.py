@@ -49,3 +49,12 @@ def template_state(model):
 def inference_of(model):
     """What runs this model process's forward pass, and why (RelevanceModel.use_inference)."""
     return model.inference, model.inference_reason
+
+
+def engine_of_process(model, hold: float = 0.5):
+    """(pid, inference, reason), held long enough that two such jobs land on two model processes."""
+    import os
+    import time
+
+    time.sleep(hold)
+    return os.getpid(), model.inference, model.inference_reason
