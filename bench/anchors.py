@@ -378,6 +378,15 @@ def main() -> int:
         precision |= {n: prec for n in systems if n.startswith("qtrel inference=openvino")}
     else:
         notes["qtrel inference=openvino"] = f"not measured: {m_ov.inference_reason}"
+    m_q = RelevanceModel.load(a.model, dtype="int8")  # the checkpoint's static int8 plan (qtrel quantize)
+    m_q.use_inference("openvino")
+    q_name = "qtrel int8 (int8.json on OpenVINO, groups of similar length)"
+    if m_q.inference == "openvino":
+        systems[q_name] = qtrel_batches(m_q, lists, batches, padded=False)
+        precision[q_name] = "int8"
+        notes[q_name] = m_q.inference_reason
+    else:
+        notes[q_name] = f"not measured: {m_q.inference_reason}"
     hf32 = hf_model(a.model, "sdpa")
     systems["transformers fp32 (sdpa)"] = hf_pass(hf32, batches)
     precision["transformers fp32 (sdpa)"] = "float32"
@@ -438,7 +447,7 @@ def main() -> int:
     rows = {}
     for name, r in runs.items():
         pps = [len(pairs) / s for s in r["seconds"]]
-        probe = probe_runs[f"probe {precision[name]}"]
+        probe = probe_runs.get(f"probe {precision[name]}") or probe_runs[f"probe {prec}"]  # int8: the float probe
         share = [flops / s / 1e9 / pg for s, pg in zip(r["seconds"], probe)]
         rows[name] = {
             "precision": precision[name],
@@ -456,7 +465,8 @@ def main() -> int:
         }
     anchors = {n for n in rows if not n.startswith("qtrel")}
     for row in rows.values():
-        same = [n for n in anchors if rows[n]["precision"] == row["precision"]]
+        kind = prec if row["precision"] == "int8" else row["precision"]  # int8 against the fastest float anchor
+        same = [n for n in anchors if rows[n]["precision"] == kind]
         if same:
             best = max(same, key=lambda n: rows[n]["pairs_per_s"]["median"])
             row["best_anchor"] = best
@@ -529,7 +539,7 @@ def render(r: dict, title: str) -> str:
         if "x_best_anchor" in s:
             per = s["x_best_anchor_per_repeat"]
             x = f"{s['x_best_anchor']:.2f} ({statistics.median(per):.2f}; {min(per):.2f}–{max(per):.2f})"
-            same = [n for n in anchors if rows[n]["precision"] == s["precision"]]
+            same = [n for n in anchors if rows[n]["precision"] == rows[s["best_anchor"]]["precision"]]
             xc = f"{s['pairs_per_cpu_s'] / max(rows[n]['pairs_per_cpu_s'] for n in same):.2f}"
         bold = "**" if name.startswith("qtrel default") or name.startswith("qtrel own") else ""
         lines.append(

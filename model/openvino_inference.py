@@ -28,7 +28,9 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
+from model import int8
 from model.bert import BertForRelevance
+from model.int8 import Int8Plan
 from model.relevance import pad_batch
 
 log = logging.getLogger("qtrel.model")
@@ -70,13 +72,19 @@ class OpenVINOForward:
     torch's intra-op threads. CPU pinning is off: several single-thread model processes share the cores, and
     pinned they could all land on the same one."""
 
-    def __init__(self, module: BertForRelevance, precision: str, threads: int, pad_id: int = 0):
+    def __init__(
+        self, module: BertForRelevance, precision: str, threads: int, pad_id: int = 0, plan: Int8Plan | None = None
+    ):
+        """`plan`: the linears to run in static int8 (model.int8); the rest runs in `precision`."""
         import openvino as ov
 
         if precision not in PRECISION_HINTS:
             raise ValueError(f"OpenVINO runs float32 or bfloat16, not {precision}")
         if next(module.parameters()).dtype != torch.float32:
             raise ValueError("convert the float32 module (OpenVINO lowers the precision itself)")
+        if plan is not None:
+            module = int8.apply(module, plan)  # QuantizeLinear / DequantizeLinear pairs: OpenVINO's int8 matmuls
+        self.int8_linears = 0 if plan is None else len(plan.linears)
         self.pad_id = pad_id
         self.max_positions = module.cfg.max_position_embeddings
         self.vocab, self.segments = module.cfg.vocab_size, module.cfg.type_vocab_size

@@ -21,6 +21,7 @@ from model.bert import BertForRelevance
 from model.checkpoint import CheckpointError, load_module, save_checkpoint
 from model.config import BertConfig
 from model.device import resolve_device, resolve_dtype
+from model.int8 import PLAN_FILE, Int8Plan
 from model.kernels import onednn_available, probe, use_onednn_linears, warm_linear_shapes
 from model.levels import DEFAULT_LEVELS, MAX_BATCH_TOKENS
 from model.scoring import LevelRule, ScoredBatch, level_values, merge_classes, score_logits
@@ -189,21 +190,37 @@ class RelevanceModel:
         why = ovi.missing()
         if why is None and self.device.type != "cpu":
             why = f"OpenVINO serves the cpu here, not {self.device}"
-        if why is None and self.dtype not in ovi.PRECISION_HINTS:
-            why = f"OpenVINO takes float32 or bfloat16, not {self.dtype}"
         if why is None and self.source is None:
             why = "no checkpoint directory to convert from"
+        plan = None
+        if why is None and self.dtype == "int8":
+            try:
+                assert self.source is not None
+                plan = Int8Plan.load(self.source)
+            except ValueError as e:
+                why = str(e)
+            if why is None and plan is None:
+                why = f"int8 on OpenVINO needs the checkpoint's {PLAN_FILE} (qtrel quantize): dynamic int8"
+        elif why is None and self.dtype not in ovi.PRECISION_HINTS:
+            why = f"OpenVINO takes float32, bfloat16 or a static int8 plan, not {self.dtype}"
         if why is None:
             try:
                 assert self.source is not None
                 fp32 = load_module(self.source)  # the float32 weights: self.module is cast and repacked
-                self._openvino = ovi.OpenVINOForward(fp32, self.dtype, torch.get_num_threads(), self.tokenizer.pad_id)
+                precision = self.dtype if plan is None else plan.about.get("float_precision", "float32")
+                self._openvino = ovi.OpenVINOForward(
+                    fp32, precision, torch.get_num_threads(), self.tokenizer.pad_id, plan=plan
+                )
                 del fp32
             except Exception as e:  # conversion or compilation: torch serves
                 why = f"conversion failed: {type(e).__name__}: {(str(e).splitlines() or [''])[0][:200]}"
         if why is not None or self._openvino is None:
             self.inference_reason = f"torch: {why}"
             (log.warning if choice == "openvino" else log.info)("inference=%s runs torch: %s", choice, why)
+            return
+        if plan is not None:  # no probe: torch's int8 is dynamic and moves the grade (docs/benchmarks.md)
+            self.inference = "openvino"
+            self.inference_reason = f"inference={choice}, int8: {len(plan.linears)} linears static int8 ({PLAN_FILE})"
             return
         if choice == "openvino":
             self.inference, self.inference_reason = "openvino", "inference=openvino"

@@ -298,6 +298,39 @@ def _cmd_calibrate(a) -> int:
     return 0
 
 
+def _add_quantize(sub) -> None:
+    p = sub.add_parser(
+        "quantize",
+        help="calibrate a static int8 plan (int8.json, beside the weights) for --dtype int8 on OpenVINO",
+    )
+    p.add_argument("model", help="checkpoint directory (the plan is written into it)")
+    p.add_argument("pairs", help="a CSV with query and title columns: training pairs, not the evaluation file")
+    p.add_argument("--target", type=float, default=0.99, help="level agreement with float32 to keep")
+    p.add_argument("--calibration", type=int, default=512, help="pairs that fix the activation ranges")
+    p.add_argument("--selection", type=int, default=2000, help="other pairs that measure the agreement")
+    p.add_argument("--seed", type=int, default=0, help="the shuffle that draws the pairs")
+
+
+def _cmd_quantize(a) -> int:
+    import csv
+    import random
+
+    from model.int8 import quantize
+    from model.openvino_inference import missing
+
+    if why := missing():
+        return _fail(a, ValueError(f"{why}: pip install 'qtrel[openvino]'"))
+    with open(a.pairs, encoding="utf-8-sig", newline="") as f:
+        rows = [(r["query"], r["title"]) for r in csv.DictReader(f) if r.get("query") and r.get("title")]
+    random.Random(a.seed).shuffle(rows)
+    try:
+        plan = quantize(a.model, rows[: a.calibration + a.selection], a.target, a.calibration)
+    except ValueError as e:
+        return _fail(a, e)
+    print(json.dumps({k: v for k, v in plan.about.items() if k != "alone"}))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="qtrel", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -310,6 +343,7 @@ def main(argv: list[str] | None = None) -> int:
     _add_export(sub)
     _add_average(sub)
     _add_calibrate(sub)
+    _add_quantize(sub)
     _add_score(sub)
     a = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -327,6 +361,7 @@ def main(argv: list[str] | None = None) -> int:
             "export": _cmd_export,
             "average": _cmd_average,
             "calibrate": _cmd_calibrate,
+            "quantize": _cmd_quantize,
             "score": _cmd_score,
         }[a.command](a)
     except (DataError, CheckpointError) as e:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+from pathlib import Path
 
 import httpx
 import pytest
@@ -428,3 +429,25 @@ def test_info_says_what_runs_the_forward_and_why(tiny_checkpoint, inference):
     else:  # the probe's choice and figures
         assert model["inference"] in ("torch", "openvino") and model["inference_reason"].startswith("auto: probe on")
         assert set(model["inference_probe"]) == {"torch_ms", "openvino_ms"}
+
+
+def test_dtype_int8_serves_the_checkpoints_static_int8_plan(tiny_checkpoint, tmp_path):
+    """--dtype int8 with a plan beside the weights (qtrel quantize) runs OpenVINO's int8 kernels, and says so."""
+    pytest.importorskip("openvino")
+    import shutil
+
+    from model import int8
+    from model.checkpoint import load_module
+    from model.relevance import pad_batch
+
+    ckpt = Path(shutil.copytree(tiny_checkpoint, tmp_path / "tiny"))
+    ref = RelevanceModel.load(ckpt, dtype="float32")
+    enc = ref.encode(read_pairs(64))
+    batch = pad_batch(enc.input_ids, enc.token_type_ids, ref.tokenizer.pad_id)
+    int8.Int8Plan(int8.calibrate(load_module(ckpt).eval(), [batch])).save(ckpt)
+    with live_server(ckpt, dtype="int8", inference="auto", replicas=1, threads=1) as srv:
+        model = httpx.get(srv.url + "/info").json()["model"]
+        r = httpx.post(srv.url + "/score", json={"query": "drill", "titles": ["cordless drill", "rug"]}, timeout=60)
+    assert r.status_code == 200 and [x["index"] for x in r.json()["results"]] == [0, 1]
+    assert model["dtype"] == "int8" and model["inference"] == "openvino"
+    assert "12 linears static int8" in model["inference_reason"]
