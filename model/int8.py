@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import copy
 import json
+import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -34,6 +35,7 @@ PLAN_FILE = "int8.json"
 ALPHA = 0.5  # SmoothQuant's migration strength (0.5 measured better than 0.65 and 0.8 on model/default)
 PERCENTILE = 99.999  # of the calibration activations: the range clips the rarest outliers
 UNSMOOTHED = (".down",)  # the FFN's second linear takes GELU's output: its outliers are the signal
+Z95 = 1.645  # one-sided 95% normal bound on a measured agreement (select)
 
 
 @dataclass(frozen=True)
@@ -188,10 +190,17 @@ def select(
 ) -> tuple[dict[str, LinearPlan], dict]:
     """The largest set of linears, least harmful first, whose levels agree with `want` (float32's) on at
     least `target` of the pairs: each linear measured alone, then the longest prefix of that order that holds
-    (binary search: the agreement falls, with noise, as linears are added)."""
+    (binary search: the agreement falls, with noise, as linears are added). "Holds" is judged on a one-sided
+    95% lower bound of the agreement, not the measured share: the search stops where the measured share
+    just clears the target, and there the noise is on its side (model/pruned: 99.0% at selection, 98.0% on
+    dev without the bound)."""
+    n = len(want)
 
     def agreement(linears: dict[str, LinearPlan]) -> float:
         return (levels_with(linears) == want).float().mean().item()
+
+    def holds(a: float) -> bool:
+        return a - Z95 * math.sqrt(max(a * (1 - a), 1e-12) / n) >= target
 
     alone = {name: agreement({name: p}) for name, p in candidates.items()}
     order = sorted(candidates, key=lambda n: -alone[n])
@@ -199,8 +208,8 @@ def select(
     kept = 1.0
     while lo < hi:
         mid = (lo + hi + 1) // 2
-        a = agreement({n: candidates[n] for n in order[:mid]})
-        if a >= target:
+        a = agreement({name: candidates[name] for name in order[:mid]})
+        if holds(a):
             lo, kept = mid, a
         else:
             hi = mid - 1

@@ -216,7 +216,9 @@ class RelevanceModel:
                 why = f"conversion failed: {type(e).__name__}: {(str(e).splitlines() or [''])[0][:200]}"
         if why is not None or self._openvino is None:
             self.inference_reason = f"torch: {why}"
-            (log.warning if choice == "openvino" else log.info)("inference=%s runs torch: %s", choice, why)
+            (log.warning if choice == "openvino" or self.dtype == "int8" else log.info)(
+                "inference=%s runs torch: %s", choice, why
+            )
             return
         if plan is not None:  # no probe: torch's int8 is dynamic and moves the grade (docs/benchmarks.md)
             self.inference = "openvino"
