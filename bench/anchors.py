@@ -96,7 +96,9 @@ def run_header(i: dict) -> dict:
 
 
 def slug_of(i: dict) -> str:
-    return "-".join(i["microarchitecture"].lower().replace("/", " ").split())
+    """A file-name-safe tag: "Sapphire Rapids or later (AMX)" -> sapphire-rapids-or-later-amx."""
+    words = "".join(c if c.isalnum() else " " for c in i["microarchitecture"].lower()).split()
+    return "-".join(words)
 
 
 def default_title(i: dict) -> str:

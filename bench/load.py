@@ -169,6 +169,11 @@ class Http:
             self.kind = "aiohttp"
         except ImportError:
             self.kind = "httpx"
+            print(
+                "warning: aiohttp not installed, using httpx, which takes about a core at 64 clients and becomes the"
+                " bottleneck on 2 cores (pip install -e '.[bench]')",
+                file=sys.stderr,
+            )
 
     async def __aenter__(self) -> Http:
         if self.kind == "aiohttp":
@@ -251,19 +256,29 @@ def metrics_of(text: str) -> dict[str, float]:
     return out
 
 
+def descendants(pid: int) -> list[str]:
+    """Every live process below `pid`: qtrel's model processes are grandchildren (forked by the template's
+    fork server, a child of the HTTP process), so children alone miss them."""
+    out, todo = [], [str(pid)]
+    while todo:
+        p = todo.pop()
+        for task in Path(f"/proc/{p}/task").glob("*"):  # a child belongs to the thread that started it
+            try:
+                kids = (task / "children").read_text().split()
+            except OSError:
+                continue
+            out += kids
+            todo += kids
+    return out
+
+
 def cpu_seconds(pid: int) -> float:
-    """CPU time of a process and its live children (the model processes of `qtrel serve`)."""
+    """CPU time of a process and every live process below it (the fork server and the model processes)."""
     total = 0.0
-    kids = []
-    for task in Path(f"/proc/{pid}/task").glob("*"):  # a child belongs to the thread that started it
-        try:
-            kids += (task / "children").read_text().split()
-        except OSError:
-            continue
-    for p in [str(pid), *kids]:
+    for p in [str(pid), *descendants(pid)]:
         try:
             fields = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
-        except FileNotFoundError:
+        except (FileNotFoundError, ProcessLookupError):
             continue
         total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
     return total
