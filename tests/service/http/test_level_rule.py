@@ -16,13 +16,16 @@ from model.tokenizer import PairTokenizer
 from tests.conftest import read_pairs
 from tests.service.conftest import live_server
 
-PAIRS = read_pairs(24)
+
+@pytest.fixture(scope="module")
+def pairs():
+    return read_pairs(24)  # a fixture, not a module constant: without the data the tests skip, not the collection
 
 
 @pytest.fixture(scope="module")
-def cut_checkpoint(tiny_checkpoint, tmp_path_factory):
-    """The tiny model with cut points at the quartiles of its own scores on PAIRS."""
-    scores = torch.tensor([p.score for p in RelevanceModel.load(tiny_checkpoint).predict(PAIRS)])
+def cut_checkpoint(tiny_checkpoint, tmp_path_factory, pairs):
+    """The tiny model with cut points at the quartiles of its own scores on `pairs`."""
+    scores = torch.tensor([p.score for p in RelevanceModel.load(tiny_checkpoint).predict(pairs)])
     q = torch.quantile(scores, torch.tensor([0.2, 0.4, 0.6, 0.8])).tolist()
     module = load_module(tiny_checkpoint)
     module.cfg = replace(module.cfg, extra={**module.cfg.extra, **LevelRule(tuple(q)).to_extra()})
@@ -31,16 +34,16 @@ def cut_checkpoint(tiny_checkpoint, tmp_path_factory):
     return out
 
 
-def test_score_explain_and_info_follow_the_checkpoints_rule(cut_checkpoint):
-    want = RelevanceModel.load(cut_checkpoint, onednn=False, unpadded=False).predict(PAIRS)
+def test_score_explain_and_info_follow_the_checkpoints_rule(cut_checkpoint, pairs):
+    want = RelevanceModel.load(cut_checkpoint, onednn=False, unpadded=False).predict(pairs)
     assert len({p.level for p in want}) >= 4  # the rule, not argmax, decides (argmax of this model is one level)
     with live_server(cut_checkpoint, max_wait_ms=5) as srv:
-        r = httpx.post(srv.url + "/score", json={"pairs": [{"query": q, "title": t} for q, t in PAIRS]}, timeout=30)
+        r = httpx.post(srv.url + "/score", json={"pairs": [{"query": q, "title": t} for q, t in pairs]}, timeout=30)
         assert r.status_code == 200
         got = r.json()["results"]
         assert [g["level"] for g in got] == [p.level for p in want]
         assert [g["score"] for g in got] == pytest.approx([p.score for p in want], abs=1e-4)
-        q, t = PAIRS[3]
+        q, t = pairs[3]
         e = httpx.post(srv.url + "/explain", json={"query": q, "title": t}, timeout=60).json()
         assert e["level"] == want[3].level and e["score"] == pytest.approx(want[3].score, abs=1e-4)
         info = httpx.get(srv.url + "/info").json()
