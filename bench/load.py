@@ -256,26 +256,29 @@ def metrics_of(text: str) -> dict[str, float]:
     return out
 
 
-def descendants(pid: int) -> list[str]:
-    """Every live process below `pid`: qtrel's model processes are grandchildren (forked by the template's
-    fork server, a child of the HTTP process), so children alone miss them."""
-    out, todo = [], [str(pid)]
+def tree(root: int) -> list[tuple[int, int]]:
+    """(pid, parent pid) of `root` and of all its descendants: qtrel's model processes are grandchildren
+    (forked by the template's fork server, a child of the HTTP process)."""
+    parents: dict[int, int] = {}
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                parents[int(d.name)] = int((d / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, ValueError, IndexError):
+                continue
+    out, todo = [(root, parents.get(root, 0))], [root]
     while todo:
         p = todo.pop()
-        for task in Path(f"/proc/{p}/task").glob("*"):  # a child belongs to the thread that started it
-            try:
-                kids = (task / "children").read_text().split()
-            except OSError:
-                continue
-            out += kids
-            todo += kids
+        kids = sorted(c for c, pp in parents.items() if pp == p)
+        out += [(c, p) for c in kids]
+        todo += kids
     return out
 
 
 def cpu_seconds(pid: int) -> float:
     """CPU time of a process and every live process below it (the fork server and the model processes)."""
     total = 0.0
-    for p in [str(pid), *descendants(pid)]:
+    for p, _ in tree(pid):
         try:
             fields = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
         except (FileNotFoundError, ProcessLookupError):

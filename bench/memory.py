@@ -31,7 +31,7 @@ from pathlib import Path
 import infinity_anchor
 from anchors import isa, isa_line
 from live import post_all
-from load import Server, free_port, one_pair_bodies, query_bodies, read_dev
+from load import Server, free_port, one_pair_bodies, query_bodies, read_dev, tree
 from results import ROOT, command_line, machine, output_paths, update_section, write_json
 
 MODEL = ROOT / "model" / "default"
@@ -52,24 +52,6 @@ def smaps(pid: int) -> dict[str, int] | None:
     except OSError:
         return None
     return {"rss": d["Rss"], "pss": d["Pss"], "uss": d["Private_Clean"] + d["Private_Dirty"], "anon": d["Anonymous"]}
-
-
-def tree(root: int) -> list[tuple[int, int]]:
-    """(pid, parent pid) of `root` and of all its descendants."""
-    parents: dict[int, int] = {}
-    for d in Path("/proc").iterdir():
-        if d.name.isdigit():
-            try:
-                parents[int(d.name)] = int((d / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            except (OSError, ValueError, IndexError):
-                continue
-    out, todo = [(root, parents.get(root, 0))], [root]
-    while todo:
-        p = todo.pop()
-        kids = sorted(c for c, pp in parents.items() if pp == p)
-        out += [(c, p) for c in kids]
-        todo += kids
-    return out
 
 
 def role(pid: int, parent: int, root: int, system: str) -> str:
