@@ -3,17 +3,16 @@
 The lexical baseline (model.train.baseline: BM25, overlaps, numbers, brand; gradient-boosted trees fitted on
 train.csv) and a checkpoint's five logits are stacked by a ridge regression onto the raters' relevance,
 cross-fitted on dev by query (5 folds: every dev pair is predicted by a stacker that never saw its query).
-Per stack: RMSE on the 1..3 scale, QWK with cut points fitted on the other folds, NDCG@10, and how 2,000
-random dev titles for dev queries and the hand-written off-domain titles fare (AUC judged > random, their
-mean predicted relevance). Nothing here ships: it measures whether the lever is worth building.
+Per stack: RMSE on the 1..3 scale, QWK with cut points fitted on the other folds, NDCG@10, and how sampled
+negatives (random dev titles for dev queries, 0.25 per pair) and the hand-written off-domain titles fare
+(AUC judged > random, their mean predicted relevance). Nothing here ships: it measures whether the lever
+is worth building.
 
     python bench/lexical_stack.py model/default [more checkpoints]
 """
 
 from __future__ import annotations
 
-import csv
-import random
 import sys
 from pathlib import Path
 
@@ -27,39 +26,30 @@ from sklearn.preprocessing import StandardScaler
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from calibration_variants import DEV, off_domain_pairs  # noqa: E402  (the bench folder is on the path)
+
 from model.data import read_labelled  # noqa: E402
 from model.relevance import RelevanceModel  # noqa: E402
 from model.scoring import fit_cuts  # noqa: E402
 from model.train.baseline import LexicalBaseline  # noqa: E402
 from model.train.calibrate import class_logits, pairs_of  # noqa: E402
 from model.train.metrics import mean_ndcg, quadratic_kappa  # noqa: E402
+from model.train.negatives import sample_negatives  # noqa: E402
 
-DATA = Path(__file__).resolve().parent.parent.parent / "shared" / "data" / "homedepot"
 LABELS = ["1", "2", "3", "4", "5"]
 
 
 def main() -> int:
     torch.set_num_threads(1)
-    dev = read_labelled(DATA / "dev.csv", LABELS)
-    train = read_labelled(DATA / "train.csv", LABELS)
+    dev = read_labelled(DEV, LABELS)
+    train = read_labelled(DEV.with_name("train.csv"), LABELS)
     pairs = pairs_of(dev.examples)
     y = np.array([e.relevance for e in dev.examples])
     lab = [e.label for e in dev.examples]
     qs = [e.query for e in dev.examples]
     groups = [q.lower() for q in qs]
-    rng = random.Random(0)
-    titles = sorted({e.title for e in dev.examples})
-    judged = {(e.query.lower(), e.title.lower()) for e in dev.examples}
-    neg = []
-    while len(neg) < 2000:
-        q = rng.choice(qs)
-        t = rng.choice(titles)
-        if (q.lower(), t.lower()) not in judged:
-            neg.append((q, t))
-    off = [
-        (r["query"], r["title"])
-        for r in csv.DictReader(open(Path(__file__).resolve().parent.parent / "tests/data/off_domain_titles.csv"))
-    ]
+    neg = pairs_of(sample_negatives(dev, 0.25, seed=1))  # as qtrel eval --negatives 0.25
+    off = off_domain_pairs()
     lex = LexicalBaseline(LABELS).fit(train)
     F, Fn, Fo = lex.features(pairs), lex.features(neg), lex.features(off)
     P, Pn, Po = lex.predict_proba(pairs), lex.predict_proba(neg), lex.predict_proba(off)
@@ -84,7 +74,7 @@ def main() -> int:
                 cuts = fit_cuts(etr.tolist(), [lab[i] for i in tr], 5)
                 lv[te] = np.searchsorted(np.array(cuts), 1 + 2 * (pred[te] - 1), side="right")
             rmse = np.sqrt(((pred - y) ** 2).mean())
-            auc = (pred[:, None] > pn[None, :2000]).mean()
+            auc = (pred[:, None] > pn[None, :]).mean()
             qwk, ndcg = quadratic_kappa(lab, lv.tolist(), 5), mean_ndcg(qs, lab, pred.tolist())
             print(
                 f"{ck} {name}: rmse {rmse:.4f} qwk {qwk:.4f} ndcg {ndcg:.4f} auc judged>random {auc:.4f} "
