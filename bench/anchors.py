@@ -133,7 +133,7 @@ def qtrel_batches(m: RelevanceModel, lists: list[tuple[list, list]], batches: li
     def run() -> torch.Tensor:
         with torch.inference_mode():
             if padded:
-                return torch.cat([m.module(b.ids, b.seg, b.mask)[0].float() for b in batches])
+                return torch.cat([m.module(b.ids, b.seg, b.mask, cls_only=True)[0].float() for b in batches])
             return torch.cat([m.logits(ids, seg) for ids, seg in lists])
 
     return run
@@ -362,13 +362,20 @@ def main() -> int:
     )
 
     short = {"bfloat16": "bf16", "float32": "fp32"}
+    kind = {"onednn-packed": "oneDNN", "fused": "fused, MKL"}  # model.kernels' choice for this CPU and dtype
+
+    def kernels(m: RelevanceModel) -> str:
+        return kind.get(m.cpu_kernels, m.cpu_kernels)
+
     systems: dict[str, Pass] = {
-        f"qtrel default ({short[prec]}, unpadded, oneDNN)": qtrel_batches(m_bf, lists, batches, padded=False),
-        f"qtrel padded ({short[prec]}, oneDNN)": qtrel_batches(m_pad, lists, batches, padded=True),
+        f"qtrel default ({short[prec]}, unpadded, {kernels(m_bf)})": qtrel_batches(m_bf, lists, batches, padded=False),
+        f"qtrel padded ({short[prec]}, {kernels(m_pad)})": qtrel_batches(m_pad, lists, batches, padded=True),
         f"qtrel own batches ({short[prec]}, encoded_logits, 8192 tokens)": qtrel_own(m_bf, enc, order),
-        "qtrel fp32 (unpadded, oneDNN)": qtrel_batches(m_f32, lists, batches, padded=False),
     }
-    precision = {n: prec for n in systems} | {"qtrel fp32 (unpadded, oneDNN)": "float32"}
+    precision = {n: prec for n in systems}
+    if prec != "float32":
+        systems[f32_name := f"qtrel fp32 (unpadded, {kernels(m_f32)})"] = qtrel_batches(m_f32, lists, batches, False)
+        precision[f32_name] = "float32"
     notes: dict[str, str] = {}
     m_ov = RelevanceModel.load(a.model, dtype=prec)  # qtrel's own OpenVINO forward (QTREL_INFERENCE=openvino)
     m_ov.use_inference("openvino")
@@ -444,7 +451,7 @@ def main() -> int:
     gc.collect()
 
     precision = {n: v for n, v in precision.items() if n in runs}
-    ref = runs[f"qtrel default ({short[prec]}, unpadded, oneDNN)"]["logits"]
+    ref = runs[next(n for n in runs if n.startswith("qtrel default"))]["logits"]
     ref32 = runs["transformers fp32 (sdpa)"]["logits"] if "transformers fp32 (sdpa)" in runs else None  # --skip
     rows = {}
     for name, r in runs.items():

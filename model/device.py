@@ -13,14 +13,19 @@ if TYPE_CHECKING:
     import torch
 
 
-def cpu_has_native_bf16() -> bool:
-    """True on CPUs with bfloat16 matmul instructions (AVX512-BF16 or AMX), where bfloat16 is fast."""
+def cpu_flags() -> frozenset[str]:
+    """The CPU's feature flags (/proc/cpuinfo; empty where it cannot be read)."""
     try:
         with open("/proc/cpuinfo", encoding="ascii", errors="ignore") as f:
-            flags = next((line for line in f if line.startswith("flags")), "")
+            line = next((line for line in f if line.startswith("flags")), "")
     except OSError:
-        return False
-    return " avx512_bf16" in flags or " amx_bf16" in flags
+        return frozenset()
+    return frozenset(line.partition(":")[2].split())
+
+
+def cpu_has_native_bf16() -> bool:
+    """True on CPUs with bfloat16 matmul instructions (AVX512-BF16 or AMX), where bfloat16 is fast."""
+    return not cpu_flags().isdisjoint({"avx512_bf16", "amx_bf16"})
 
 
 # oneDNN's ISA caps (`ONEDNN_MAX_CPU_ISA`, older `DNNL_MAX_CPU_ISA`) below AVX512_CORE_BF16: capped to one of

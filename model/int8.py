@@ -30,12 +30,24 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from model.bert import BertForRelevance
+from model.device import cpu_flags
 
 PLAN_FILE = "int8.json"
 ALPHA = 0.5  # SmoothQuant's migration strength (0.5 measured better than 0.65 and 0.8 on model/default)
 PERCENTILE = 99.999  # of the calibration activations: the range clips the rarest outliers
 UNSMOOTHED = (".down",)  # the FFN's second linear takes GELU's output: its outliers are the signal
 Z95 = 1.645  # one-sided 95% normal bound on a measured agreement (select)
+# Said with the plan on a CPU without VNNI: there u8 x s8 products go through vpmaddubsw, whose int16 sums
+# saturate, and OpenVINO's kernels compute other integers than the plan was chosen on (docs/benchmarks.md).
+NO_VNNI = (
+    "no VNNI on this CPU: OpenVINO's int8 kernels kept 98.0% of float32's dev levels here (99.1% with VNNI)"
+    " and ran no faster than float32 (AMD EPYC Zen 3); dtype=float32 serves better"
+)
+
+
+def cpu_has_vnni() -> bool:
+    """The CPU multiplies u8 x s8 into int32 without saturating (AVX512-VNNI, AVX-VNNI or AMX-INT8)."""
+    return not cpu_flags().isdisjoint({"avx512_vnni", "avx_vnni", "amx_int8"})
 
 
 @dataclass(frozen=True)

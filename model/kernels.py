@@ -1,32 +1,99 @@
 """The CPU kernel layer: the encoder's linear layers swapped for oneDNN ones with pre-packed weights
-(`model.onednn`, where its probe passes), and their kernels built for every token bucket at warm-up."""
+(`model.onednn`, where its probe passes and where they pay, `onednn_pays`), or for fused plain ones, and
+their kernels built for every token bucket at warm-up."""
 
 from __future__ import annotations
+
+import logging
 
 import torch
 from torch import nn
 
 from model.bert import BertForRelevance, Layer
+from model.device import cpu_flags
 from model.onednn import OneDNNLinear, onednn_available, probe
 from model.packing import token_buckets
 
-__all__ = ["OneDNNLinear", "onednn_available", "probe", "use_onednn_linears", "warm_linear_shapes"]
+log = logging.getLogger("qtrel.model")
+
+__all__ = [
+    "OneDNNLinear",
+    "install_cpu_kernels",
+    "onednn_available",
+    "onednn_pays",
+    "probe",
+    "use_fused_linears",
+    "use_onednn_linears",
+    "warm_linear_shapes",
+]
+
+
+def onednn_pays(dtype: torch.dtype) -> bool:
+    """Whether oneDNN's packed linears beat torch's default ones in `dtype` on this CPU. bfloat16: always
+    (torch's default bf16 matmul is far slower). float32: on AVX-512 CPUs; with AVX2 only, MKL's sgemm behind
+    nn.Linear ran 12-18% faster than oneDNN's packed float32 kernels on MiniLM's shapes (AMD EPYC Zen 3,
+    docs/benchmarks.md), so the plain layers, fused, serve there."""
+    return dtype != torch.float32 or "avx512f" in cpu_flags()
+
+
+def install_cpu_kernels(module: nn.Module, dtype: torch.dtype) -> str:
+    """Swap in the linear layers this CPU runs fastest in `dtype`, and say which: "onednn-packed" where they
+    pay and the probe of the private ops they rest on passes; "fused" where they do not pay; the plain layers,
+    "plain (probe failed: ...)", where the probe fails (logged once)."""
+    if not onednn_available(dtype):
+        return "plain"
+    if not onednn_pays(dtype):
+        use_fused_linears(module)
+        return "fused"
+    failure = probe(dtype)
+    if failure is not None:
+        log.warning("oneDNN packed linear layers off, plain nn.Linear instead: probe failed: %s", failure)
+        return f"plain (probe failed: {failure})"
+    use_onednn_linears(module)
+    return "onednn-packed"
+
+
+def _fused(lin: type, weights: list[nn.Linear]) -> OneDNNLinear | nn.Linear:
+    w = torch.cat([x.weight for x in weights])
+    b = torch.cat([x.bias for x in weights])
+    if lin is OneDNNLinear:
+        return OneDNNLinear(w, b)
+    out = nn.Linear(w.shape[1], w.shape[0], device=w.device, dtype=w.dtype)
+    out.weight.copy_(w)
+    out.bias.copy_(b)
+    return out.requires_grad_(False)
+
+
+def _fuse_projections(model: nn.Module, lin: type) -> None:
+    """q/k/v as one layer, except in the last layer: q apart from k/v there, since the packed forward needs
+    q for the [CLS] rows only (model.bert). Each weight is kept once."""
+    layers = [m for m in model.modules() if isinstance(m, Layer)]
+    for i, layer in enumerate(layers):
+        a = layer.attn
+        if i == len(layers) - 1:
+            a.cls_q, a.cls_kv = _fused(lin, [a.query]), _fused(lin, [a.key, a.value])
+        else:
+            a.qkv = _fused(lin, [a.query, a.key, a.value])
+        del a.query, a.key, a.value
+
+
+@torch.no_grad()
+def use_fused_linears(model: nn.Module) -> None:
+    """Plain linear layers, q/k/v fused (one matmul instead of three). Inference only, like the oneDNN
+    layers: the module is no longer saved or trained."""
+    _fuse_projections(model, nn.Linear)
 
 
 @torch.no_grad()
 def use_onednn_linears(model: nn.Module) -> None:
     """Swap the encoder's linear layers for pre-packed oneDNN ones (fused q/k/v, GELU fused into the
     feed-forward's first matmul). Inference only: packed weights are not trained or saved."""
+    _fuse_projections(model, OneDNNLinear)
     for layer in model.modules():
         if not isinstance(layer, Layer):
             continue
         a = layer.attn
-        a.qkv = OneDNNLinear(
-            torch.cat([a.query.weight, a.key.weight, a.value.weight]),
-            torch.cat([a.query.bias, a.key.bias, a.value.bias]),
-        )
         a.out = OneDNNLinear(a.out.weight, a.out.bias)
-        del a.query, a.key, a.value
         fused = {"gelu": "none", "gelu_new": "tanh", "gelu_pytorch_tanh": "tanh"}.get(layer.act_name)
         if fused is not None:
             layer.up = OneDNNLinear(layer.up.weight, layer.up.bias, "gelu", fused)
@@ -44,7 +111,7 @@ def warm_linear_shapes(module: BertForRelevance, max_tokens: int) -> int:
     for m in module.modules():
         if isinstance(m, Layer):
             a = m.attn
-            lins: list[nn.Linear | OneDNNLinear] = [a.qkv] if a.qkv is not None else [a.query, a.key, a.value]
+            lins = [x for x in (a.qkv, a.cls_q, a.cls_kv) if x is not None] or [a.query, a.key, a.value]
             for lin in lins + [a.out, m.up, m.down]:
                 fan_in = lin.weight_in if isinstance(lin, OneDNNLinear) else lin.in_features
                 seen.setdefault((type(lin), fan_in, lin.out_features, getattr(lin, "act", None)), (lin, fan_in))

@@ -55,14 +55,14 @@ def missing() -> str | None:
 
 
 class _Padded(nn.Module):
-    """The padded forward with logits only: what is exported."""
+    """The padded forward with logits only, the last layer at [CLS] only: what is exported."""
 
     def __init__(self, module: BertForRelevance):
         super().__init__()
         self.module = module
 
     def forward(self, input_ids: Tensor, token_type_ids: Tensor, attention_mask: Tensor) -> Tensor:
-        return self.module(input_ids, token_type_ids, attention_mask)[0]
+        return self.module(input_ids, token_type_ids, attention_mask, cls_only=True)[0]
 
 
 class OpenVINOForward:

@@ -21,8 +21,8 @@ from model.bert import BertForRelevance
 from model.checkpoint import CheckpointError, load_module, save_checkpoint
 from model.config import BertConfig
 from model.device import resolve_device, resolve_dtype
-from model.int8 import PLAN_FILE, Int8Plan
-from model.kernels import onednn_available, probe, use_onednn_linears, warm_linear_shapes
+from model.int8 import NO_VNNI, PLAN_FILE, Int8Plan, cpu_has_vnni
+from model.kernels import install_cpu_kernels, warm_linear_shapes
 from model.levels import DEFAULT_LEVELS, MAX_BATCH_TOKENS
 from model.scoring import LevelRule, ScoredBatch, level_values, merge_classes, score_logits
 from model.tokenizer import EncodedPairs, PairTokenizer, Truncation
@@ -100,21 +100,14 @@ class RelevanceModel:
             module = torch.ao.quantization.quantize_dynamic(module, {nn.Linear}, dtype=torch.qint8)
         else:
             module = module.to(self.device, DTYPES[dtype])
-        # The oneDNN kernel layer rests on private torch ops: probed here, the plain layers where it fails.
-        self.cpu_kernels = "plain"  # what describe() reports: onednn-packed, plain, or plain (probe failed: ...)
+        # describe() reports: onednn-packed, fused, plain, or plain (probe failed: ...)
+        self.cpu_kernels = "plain"
         torch_dtype = DTYPES[dtype]  # None for int8
-        if onednn and torch_dtype is not None and self.device.type == "cpu" and onednn_available(torch_dtype):
-            failure = probe(torch_dtype)
-            if failure is None:
-                self.cpu_kernels = "onednn-packed"
-            else:
-                self.cpu_kernels = f"plain (probe failed: {failure})"
-                log.warning("oneDNN packed linear layers off, plain nn.Linear instead: probe failed: %s", failure)
+        if onednn and torch_dtype is not None and self.device.type == "cpu":
+            self.cpu_kernels = install_cpu_kernels(module, torch_dtype)
         self.onednn = self.cpu_kernels == "onednn-packed"
         # Without padding (model.packing.pack): measured on cpu only; cuda keeps padded batches.
         self.unpadded = unpadded and self.device.type == "cpu"
-        if self.onednn:
-            use_onednn_linears(module)
         self.module = module
         self.source: Path | None = None  # the checkpoint directory, where loaded from one (load())
         # What runs the forward pass (use_inference): torch until a model process asks for OpenVINO.
@@ -223,6 +216,9 @@ class RelevanceModel:
         if plan is not None:  # no probe: torch's int8 is dynamic and moves the grade (docs/benchmarks.md)
             self.inference = "openvino"
             self.inference_reason = f"inference={choice}, int8: {len(plan.linears)} linears static int8 ({PLAN_FILE})"
+            if not cpu_has_vnni():
+                self.inference_reason += f"; {NO_VNNI}"
+                log.warning("dtype=int8: %s", NO_VNNI)
             return
         if choice == "openvino":
             self.inference, self.inference_reason = "openvino", "inference=openvino"
@@ -243,7 +239,9 @@ class RelevanceModel:
         happen here, not on a user's request. `kernels=False`: the forward passes only, for a process forked
         from one that built the kernels (they touch the pages a request writes, so that the copies on write
         happen here too)."""
-        if self.unpadded and kernels and self._openvino is None:  # with OpenVINO only head masks run torch
+        # oneDNN builds a kernel per shape (MKL's sgemm behind the fused plain layers does not); with OpenVINO
+        # only head masks run torch
+        if self.unpadded and kernels and self.onednn and self._openvino is None:
             warm_linear_shapes(self.module, max_batch_tokens)
         vocab = min(self.tokenizer.vocab_size, self.cfg.vocab_size)
         for length in sorted({8, 32, self.max_length}):
@@ -252,7 +250,7 @@ class RelevanceModel:
                 self.logits(ids, [[0] * length] * size)
 
     def save(self, path: str | Path, dtype: torch.dtype | None = None) -> None:
-        if self.dtype == "int8" or self.onednn:
+        if self.dtype == "int8" or self.cpu_kernels in ("onednn-packed", "fused"):
             raise ValueError("save the float model, not its oneDNN or int8 runtime form (load with onednn=False)")
         save_checkpoint(self.module, self.tokenizer, path, dtype)
 
@@ -293,7 +291,7 @@ class RelevanceModel:
             return self.module.forward_packed(input_ids, token_type_ids, head_mask).float().cpu()
         ids, seg, mask = pad_batch(input_ids, token_type_ids, self.tokenizer.pad_id)
         dev = self.device
-        logits, _ = self.module(ids.to(dev), seg.to(dev), mask.to(dev), head_mask)
+        logits, _ = self.module(ids.to(dev), seg.to(dev), mask.to(dev), head_mask, cls_only=True)
         return logits.float().cpu()
 
     def probs(

@@ -99,6 +99,7 @@ def test_select_keeps_the_longest_least_harmful_prefix_that_holds_the_target():
     assert int8.select(plans, *judged_on(100_000), target=0.9999)[0] == {}
 
 
+@pytest.mark.skipif(not int8.cpu_has_vnni(), reason="no VNNI: OpenVINO's int8 kernels differ from the simulation")
 def test_openvino_runs_the_plan_on_int8_kernels_as_torch_simulates_it(ov, checkpoint):
     """The int8 graph OpenVINO compiles computes what the quantise-dequantise module computes in float32:
     the same integer products, so the two agree far closer than either agrees with float32 (most rows to
@@ -140,6 +141,7 @@ def test_qtrel_quantize_writes_a_plan_that_int8_serves_on_openvino(ov, checkpoin
     m = RelevanceModel.load(checkpoint, dtype="int8")
     m.use_inference("auto")  # no probe against torch's dynamic int8: the plan serves
     assert m.inference == "openvino" and f"{len(plan.linears)} linears static int8" in m.inference_reason
+    assert (int8.NO_VNNI in m.inference_reason) == (not int8.cpu_has_vnni())
     enc = m.encode(read_pairs(8))
     assert m.logits(enc.input_ids, enc.token_type_ids).shape == (8, 5)
     assert m.describe()["inference"] == "openvino"

@@ -1,15 +1,18 @@
-"""The CPU kernel layer (model.kernels): pre-packed oneDNN linear layers, the probe of the private ops
-they rest on, and the plain fallback when the probe fails."""
+"""The CPU kernel layer (model.kernels): pre-packed oneDNN linear layers where they pay, fused plain ones
+where they do not (float32 without AVX-512), the probe of the private ops oneDNN's rest on, and the plain
+fallback when the probe fails. Both kernel kinds are tested on every CPU (`kernels` below forces each)."""
 
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 import torch
 
-from model.kernels import OneDNNLinear, onednn_available, probe, warm_linear_shapes
+from model import kernels as kernel_layer
+from model.kernels import OneDNNLinear, onednn_available, onednn_pays, probe, warm_linear_shapes
 from model.packing import token_buckets
 from model.relevance import RelevanceModel, pad_batch
 from tests.conftest import read_pairs
@@ -34,23 +37,51 @@ def run(model, ids, seg, mask, head_mask=None, plain=False):
 
 
 def packs(dtype: torch.dtype) -> bool:
-    return onednn_available(dtype) and probe(dtype) is None
+    return onednn_available(dtype) and onednn_pays(dtype) and probe(dtype) is None
 
 
-# --- pre-packed (oneDNN) linear layers ---------------------------------------------------------------
-def test_load_packs_where_the_cpu_allows(model, unpacked):
+def expected_kernels(dtype: torch.dtype) -> str:
+    if not onednn_available(dtype):
+        return "plain"
+    return "onednn-packed" if onednn_pays(dtype) else "fused"
+
+
+@pytest.fixture(scope="module", params=["onednn-packed", "fused"])
+def kernels(request, tiny_checkpoint) -> RelevanceModel:
+    """The tiny model with each kernel kind, whichever this CPU would choose."""
+    if not onednn_available(torch.float32):
+        pytest.skip("torch built without oneDNN")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(kernel_layer, "onednn_pays", lambda dtype: request.param == "onednn-packed")
+        m = RelevanceModel.load(tiny_checkpoint)
+    assert m.cpu_kernels == request.param
+    return m
+
+
+# --- pre-packed (oneDNN) and fused linear layers -------------------------------------------------------
+def test_load_chooses_the_kernels_this_cpu_runs_fastest(model, unpacked):
+    """oneDNN's packed layers where they pay (bfloat16, or float32 with AVX-512); with AVX2 only, float32 runs
+    on MKL's sgemm, 12-18% faster than oneDNN's there (docs/benchmarks.md), through fused plain layers."""
+    assert model.cpu_kernels == expected_kernels(torch.float32)
     assert model.onednn == packs(torch.float32)
-    assert not unpacked.onednn
-    if model.onednn:
-        attn = model.module.bert.layers[0].attn
-        assert attn.qkv is not None and not hasattr(attn, "query")
+    assert not unpacked.onednn and unpacked.cpu_kernels == "plain"
+    assert onednn_pays(torch.bfloat16)
+    assert onednn_pays(torch.float32) == ("avx512f" in Path("/proc/cpuinfo").read_text())
 
 
-def test_a_packed_model_keeps_no_second_copy_of_a_linear_weight(model, unpacked):
-    """Every encoder linear weight lives once, in its packed form: no nn.Linear is left inside a layer and
-    the model holds no more tensor bytes than the plain one (model processes share it: issue 20)."""
-    if not model.onednn:
-        pytest.skip("no oneDNN packing on this CPU")
+def test_both_kernel_kinds_fuse_the_projections(kernels):
+    *body, last = kernels.module.bert.layers
+    for layer in body:
+        assert layer.attn.qkv is not None and not hasattr(layer.attn, "query")
+    # the last layer keeps q apart from k/v (the packed forward computes q at [CLS] only), each weight once
+    assert last.attn.qkv is None and last.attn.cls_q is not None and last.attn.cls_kv is not None
+    kind = OneDNNLinear if kernels.onednn else torch.nn.Linear
+    assert isinstance(last.attn.cls_q, kind) and isinstance(body[0].attn.qkv, kind)
+
+
+def test_a_kernel_model_keeps_no_second_copy_of_a_linear_weight(kernels, unpacked):
+    """Every encoder linear weight lives once, in its packed or fused form: the model holds no more tensor
+    bytes than the plain one (model processes share it: issue 20)."""
 
     def held(m) -> int:
         tensors = {id(t): t for t in [*m.module.parameters(), *m.module.buffers()]}
@@ -59,41 +90,50 @@ def test_a_packed_model_keeps_no_second_copy_of_a_linear_weight(model, unpacked)
                 tensors.update({id(x.weight): x.weight, id(x.bias): x.bias})
         return sum(t.numel() * t.element_size() for t in tensors.values())
 
-    assert not any(isinstance(x, torch.nn.Linear) for layer in model.module.bert.layers for x in layer.modules())
-    assert held(model) <= held(unpacked)
+    if kernels.onednn:
+        assert not any(isinstance(x, torch.nn.Linear) for layer in kernels.module.bert.layers for x in layer.modules())
+    assert held(kernels) <= held(unpacked)
 
 
-def test_packed_and_unpacked_agree(model, unpacked, batch):
+def test_kernels_and_plain_layers_agree(kernels, unpacked, batch, encoded):
     mask = torch.ones(2, 4)
     mask[0, 2] = mask[1, 0] = 0
     for head_mask in (None, mask):
         for plain in (False, True):
             want, want_probs = run(unpacked, *batch, head_mask, plain=plain)
-            got, probs = run(model, *batch, head_mask, plain=plain)
+            got, probs = run(kernels, *batch, head_mask, plain=plain)
             torch.testing.assert_close(got, want, atol=ATOL, rtol=0)
             if plain:
                 for p, q in zip(probs, want_probs, strict=True):
                     torch.testing.assert_close(p, q, atol=ATOL, rtol=0)
+        # the packed forward (the last layer at [CLS] only) and the padded one with cls_only
+        want = unpacked.logits(encoded.input_ids, encoded.token_type_ids, head_mask)
+        got = kernels.logits(encoded.input_ids, encoded.token_type_ids, head_mask)
+        torch.testing.assert_close(got, want, atol=ATOL, rtol=0)
+        with torch.inference_mode():
+            cls_only, _ = kernels.module(*batch, head_mask, cls_only=True)
+        torch.testing.assert_close(cls_only, run(unpacked, *batch, head_mask)[0], atol=ATOL, rtol=0)
 
 
-def test_packed_model_is_not_saved(model, unpacked, tmp_path):
-    if model.onednn:
-        with pytest.raises(ValueError, match="load with onednn=False"):
-            model.save(tmp_path / "packed")
+def test_kernel_models_are_not_saved(kernels, unpacked, tmp_path):
+    with pytest.raises(ValueError, match="load with onednn=False"):
+        kernels.save(tmp_path / "packed")
     unpacked.save(tmp_path / "unpacked")
     assert (tmp_path / "unpacked" / "model.safetensors").is_file()
 
 
-def test_warm_linear_shapes_covers_each_distinct_layer_once_per_bucket(model):
-    # qkv, out, up, down: every layer of the tiny model has the same four shapes
-    assert warm_linear_shapes(model.module, 512) == 4 * len(token_buckets(512))
+def test_warm_linear_shapes_covers_each_distinct_layer_once_per_bucket(kernels):
+    # qkv, out, up, down and the last layer's k/v (its q has out's shape), the same in every layer of the tiny
+    # model (hidden 32, feed-forward 64); fused plain: up (32->64, GELU apart) has the k/v layer's shape
+    shapes = 5 if kernels.onednn else 4
+    assert warm_linear_shapes(kernels.module, 512) == shapes * len(token_buckets(512))
 
 
 # --- the probe ----------------------------------------------------------------------------------------
 @pytest.mark.skipif(not onednn_available(torch.float32), reason="torch built without oneDNN")
 def test_probe_passes_in_float32_on_this_torch(model):
     assert probe(torch.float32) is None
-    assert model.describe()["cpu_kernels"] == "onednn-packed"
+    assert model.describe()["cpu_kernels"] == expected_kernels(torch.float32)
 
 
 @pytest.mark.skipif(not onednn_available(torch.bfloat16), reason="torch built without oneDNN")
@@ -137,6 +177,7 @@ def broken_ops(how: str, monkeypatch) -> str:
 @pytest.mark.skipif(not onednn_available(torch.float32), reason="torch built without oneDNN")
 @pytest.mark.parametrize("how", ["missing", "raising", "wrong numbers", "wrong shape"])
 def test_broken_private_ops_fall_back_to_the_plain_layers(tiny_checkpoint, unpacked, encoded, how, monkeypatch, caplog):
+    monkeypatch.setattr(kernel_layer, "onednn_pays", lambda dtype: True)  # where oneDNN would serve
     reason = broken_ops(how, monkeypatch)
     assert probe(torch.float32).startswith(reason)
     with caplog.at_level(logging.WARNING, logger="qtrel.model"):
