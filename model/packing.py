@@ -113,3 +113,15 @@ def pack(
         groups=groups,
         spare=spare,
     )
+
+
+def token_slices(lengths: Sequence[int], max_tokens: int) -> list[slice]:
+    """Consecutive slices of a batch holding at most `max_tokens` tokens each (a longer pair alone)."""
+    out, start, acc = [], 0, 0
+    for i, n in enumerate(lengths):
+        if acc and acc + n > max_tokens:
+            out.append(slice(start, i))
+            start, acc = i, 0
+        acc += n
+    out.append(slice(start, len(lengths)))
+    return out

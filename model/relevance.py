@@ -24,6 +24,7 @@ from model.device import resolve_device, resolve_dtype
 from model.int8 import NO_VNNI, PLAN_FILE, Int8Plan, cpu_has_vnni
 from model.kernels import install_cpu_kernels, warm_linear_shapes
 from model.levels import DEFAULT_LEVELS, MAX_BATCH_TOKENS
+from model.packing import token_slices
 from model.scoring import LevelRule, ScoredBatch, level_values, merge_classes, score_logits
 from model.tokenizer import EncodedPairs, PairTokenizer, Truncation
 
@@ -34,6 +35,9 @@ __all__ = ["RelevanceModel", "PairScore", "level_values", "pad_batch", "length_b
 
 log = logging.getLogger("qtrel.model")
 
+# float32 on MKL (the fused kernels): a forward over more packed tokens than this ran slower per pair, its
+# activations out of cache (AMD EPYC Zen 3: 117 pairs/s at 2,048-4,096 tokens, 99 at 8,192; docs/benchmarks.md)
+FUSED_FORWARD_TOKENS = 4096
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "int8": None}
 
 
@@ -288,7 +292,11 @@ class RelevanceModel:
     ) -> Tensor:
         """(B, classes) float32 logits on cpu from the torch module."""
         if self.unpadded:
-            return self.module.forward_packed(input_ids, token_type_ids, head_mask).float().cpu()
+            fused = self.cpu_kernels == "fused"
+            parts = token_slices([len(x) for x in input_ids], FUSED_FORWARD_TOKENS) if fused else [slice(None)]
+            return torch.cat(
+                [self.module.forward_packed(input_ids[s], token_type_ids[s], head_mask).float().cpu() for s in parts]
+            )
         ids, seg, mask = pad_batch(input_ids, token_type_ids, self.tokenizer.pad_id)
         dev = self.device
         logits, _ = self.module(ids.to(dev), seg.to(dev), mask.to(dev), head_mask, cls_only=True)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from model.packing import pack, token_bucket, token_buckets
+from model.packing import pack, token_bucket, token_buckets, token_slices
 from model.relevance import RelevanceModel
 from tests.conftest import make_tiny_checkpoint, read_pairs
 
@@ -72,3 +72,22 @@ def test_forward_packed_refuses_training_mode(unpacked):
             unpacked.module.forward_packed([[101, 102]], [[0, 0]])
     finally:
         unpacked.module.eval()
+
+
+def test_token_slices_cut_a_batch_into_consecutive_runs_under_the_budget():
+    assert token_slices([3, 3, 3, 3], 6) == [slice(0, 2), slice(2, 4)]
+    assert token_slices([5, 9, 1], 6) == [slice(0, 1), slice(1, 2), slice(2, 3)]  # a longer pair alone
+    assert token_slices([2, 2], 100) == [slice(0, 2)]
+
+
+def test_fused_kernels_forward_a_long_batch_in_slices_with_the_same_logits(tiny_checkpoint, monkeypatch):
+    from model import kernels, relevance
+
+    monkeypatch.setattr(kernels, "onednn_pays", lambda dtype: False)
+    fused = RelevanceModel.load(tiny_checkpoint)
+    assert fused.cpu_kernels == "fused"
+    enc = fused.encode(read_pairs(40))
+    whole = fused.logits(enc.input_ids, enc.token_type_ids)
+    monkeypatch.setattr(relevance, "FUSED_FORWARD_TOKENS", 64)  # several slices of this batch
+    assert len(token_slices(enc.lengths, 64)) > 3
+    torch.testing.assert_close(fused.logits(enc.input_ids, enc.token_type_ids), whole, atol=1e-5, rtol=0)
