@@ -14,7 +14,8 @@ requests gives pairs/s, and the tree is read again after it.
 qtrel is `qtrel serve` on its default model and layout (score cache off, as bench/load.py), once with
 `--process-start template` (the default: model processes forked from one warm template) and once with
 `--process-start spawn` (each model process loads and warms its own, as before). Infinity is
-`bench/infinity_anchor.py`'s: the same encoder in bfloat16 with a one-output head, 2 torch threads.
+`bench/infinity_anchor.py`'s: the same encoder in the precision qtrel serves here, a one-output head,
+2 torch threads.
 """
 
 from __future__ import annotations
@@ -33,6 +34,8 @@ from anchors import isa, isa_line
 from live import post_all
 from load import Server, free_port, one_pair_bodies, query_bodies, read_dev, tree
 from results import ROOT, command_line, machine, output_paths, update_section, write_json
+
+from model.device import resolve_dtype
 
 MODEL = ROOT / "model" / "default"
 SYSTEMS = ("template", "spawn", "torch", "openvino", "infinity")
@@ -143,7 +146,7 @@ def measure(system: str, a, tmp: Path, one, many, load, inf_one, inf_load) -> di
         ck = tmp / "infinity-checkpoint"
         if not ck.is_dir():  # once, for every round
             infinity_anchor.one_output_checkpoint(MODEL, ck)
-        cmd = infinity_anchor.command(exe, ck, port, "bfloat16")
+        cmd = infinity_anchor.command(exe, ck, port, resolve_dtype("auto", "cpu"))  # the precision qtrel serves
         srv = Server(cmd, url, "/health", tmp / "infinity.log", a.start_timeout, infinity_anchor.env(2))
         route, bodies_one, bodies_many, bodies_load = "/rerank", inf_one, [], inf_load
         extra = {"version": infinity_anchor.version(exe), "command": " ".join(cmd[1:])}
@@ -208,7 +211,8 @@ def render(r: dict) -> str:
         f"{r['machine']['date']})",
         "",
         f"Measured with `bench/memory.py`: each server started on its own, one after the other, on the default "
-        f"model in bfloat16; warmed (its own warm-up, one first request, {r['warm_requests']}); idle "
+        f"model in {r.get('dtype', 'bfloat16')} (what `dtype=auto` picks here; Infinity the same); warmed (its own "
+        f"warm-up, one first request, {r['warm_requests']}); idle "
         f"{r['settle_s']:g} s; then read from `/proc/<pid>/smaps_rollup` for every process of its tree. RSS counts "
         "a page shared by several processes once in each; PSS splits it among them, so **the PSS of the tree is "
         "what the server holds**; USS is what one process alone holds (private pages). Then "
@@ -287,6 +291,7 @@ def main() -> None:
         "repeats": a.repeats,
         "load_requests": a.load_requests,
         "settle_s": a.settle,
+        "dtype": resolve_dtype("auto", "cpu"),
         "warm_requests": "20 one-pair requests and, for qtrel, 5 requests of 50 titles",
         "loadavg_before": os.getloadavg()[0],
     }
