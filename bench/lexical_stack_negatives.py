@@ -24,7 +24,6 @@ import json
 import os
 import re
 import sys
-from collections import defaultdict
 from pathlib import Path
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
@@ -43,6 +42,7 @@ from calibration_variants import DEV  # noqa: E402
 from model.data import read_labelled  # noqa: E402
 from model.scoring import fit_cuts  # noqa: E402
 from model.train.baseline import FEATURES  # noqa: E402
+from model.train.evaluate import same_query_auc  # noqa: E402
 from model.train.metrics import mean_ndcg, quadratic_kappa  # noqa: E402
 
 CACHE = Path("/tmp/lexstack")
@@ -89,22 +89,6 @@ def block(d, name: str) -> np.ndarray:
 
 def design(d, blocks) -> np.ndarray:
     return np.concatenate([block(d, b) for b in blocks], axis=1)
-
-
-def auc_same_query(qj, sj, qn, sn) -> float:
-    """negatives_report's AUC: judged candidates vs the negatives of the same query, ties half."""
-    by_q = defaultdict(list)
-    for q, s in zip(qn, sn):
-        by_q[q].append(s)
-    by_q = {q: np.array(v) for q, v in by_q.items()}
-    wins = total = 0.0
-    for q, s in zip(qj, sj):
-        n = by_q.get(q)
-        if n is None:
-            continue
-        wins += (s > n).sum() + 0.5 * (s == n).sum()
-        total += len(n)
-    return wins / total
 
 
 def make_stacker(kind: str, alpha: float):
@@ -261,12 +245,12 @@ def evaluate(spec, D, folds, neg_folds) -> dict:
         "rmse": float(np.sqrt(((pred - dev["y"]) ** 2).mean())),
         "qwk": float(quadratic_kappa(dev["lab"].tolist(), lv.tolist(), 5)),
         "ndcg": float(mean_ndcg(dev["q"], dev["lab"].tolist(), pred.tolist())),
-        "auc": float(auc_same_query(dev["q"], pred, D["neg_eval"]["y_q"], pn)),
+        "auc": float(same_query_auc(dev["q"], pred.tolist(), D["neg_eval"]["y_q"], pn.tolist())),
         "rand_l1": float((ln == 0).mean()),
         "rand_l12": float((ln <= 1).mean()),
         "for_l1": float((lf == 0).mean()),
         "for_l12": float((lf <= 1).mean()),
-        "auc_foreign": float(auc_same_query(dev["q"], pred, D["foreign_eval"]["y_q"], pf)),
+        "auc_foreign": float(same_query_auc(dev["q"], pred.tolist(), D["foreign_eval"]["y_q"], pf.tolist())),
         "off_l1": int((lo == 0).sum()),
         "off_l12": int((lo <= 1).sum()),
         "off_mean_rel": float(po.mean()),

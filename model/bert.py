@@ -117,12 +117,10 @@ class SelfAttention(nn.Module):
         return torch.cat([self.query(x), self.key(x), self.value(x)], dim=-1)
 
     def _cls_projections(self, x: Tensor, x_cls: Tensor) -> tuple[Tensor, Tensor]:
-        """q for `x_cls` and k/v (concatenated) for `x`, along the last dimension."""
-        n = len(self.heads) * self.head_size
+        """q for `x_cls` and k/v (concatenated) for `x`, along the last dimension: model.kernels splits the
+        last layer's projections so (cls_q, cls_kv); the plain module has query, key and value."""
         if self.cls_kv is not None and self.cls_q is not None:
             return self.cls_q(x_cls), self.cls_kv(x)
-        if self.qkv is not None:  # fused only: the other tokens' queries are computed and dropped
-            return self.qkv(x_cls)[..., :n], self.qkv(x)[..., n:]
         return self.query(x_cls), torch.cat([self.key(x), self.value(x)], dim=-1)
 
     def forward_cls(self, x: Tensor, bias: Tensor, head_mask: Tensor | None) -> Tensor:

@@ -42,18 +42,28 @@ def negatives_report(ds: Dataset, judged: ScoredBatch, negatives: Sequence[Examp
     """How unrelated titles are graded: the share at the lowest level, at the lowest two, and the AUC of
     judged candidates against the negatives of the same query (ties count half)."""
     lv = neg.level
-    by_query: dict[str, list[float]] = defaultdict(list)
-    for e, s in zip(negatives, neg.expected.tolist()):
-        by_query[e.query].append(s)
-    wins = total = 0.0
-    for e, s in zip(ds.examples, judged.expected.tolist()):
-        for n in by_query.get(e.query, ()):
-            wins += 1.0 if s > n else 0.5 if s == n else 0.0
-            total += 1
+    auc = same_query_auc(
+        [e.query for e in ds.examples], judged.expected.tolist(), [e.query for e in negatives], neg.expected.tolist()
+    )
     return {
         "n": len(negatives),
         "level1_share": (lv == 0).float().mean().item(),
         "level12_share": (lv <= 1).float().mean().item(),
         "mean_score": neg.expected.mean().item(),
-        "auc": wins / total if total else float("nan"),
+        "auc": auc,
     }
+
+
+def same_query_auc(
+    queries: Sequence[str], scores: Sequence[float], neg_queries: Sequence[str], neg_scores: Sequence[float]
+) -> float:
+    """AUC of judged candidates against the negatives of the same query (ties count half); NaN without any."""
+    by_query: dict[str, list[float]] = defaultdict(list)
+    for q, s in zip(neg_queries, neg_scores, strict=True):
+        by_query[q].append(s)
+    wins = total = 0.0
+    for q, s in zip(queries, scores, strict=True):
+        for n in by_query.get(q, ()):
+            wins += 1.0 if s > n else 0.5 if s == n else 0.0
+            total += 1
+    return wins / total if total else float("nan")
