@@ -11,6 +11,7 @@ Systems and probes are interleaved within each repeat, the order rotated per rep
   python bench/anchors.py --model model/default                      # full run, into docs/
   python bench/anchors.py --model model/default --quick              # smoke run, under /tmp/qtrel-bench-quick
   python bench/anchors.py --model model/default --pause-pid PID      # SIGSTOP PID during each repeat only
+  python bench/anchors.py --model model/default --pause-match 'qtrel train'   # ... whatever matches, then
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ from results import DOCS, command_line, machine, publish, update_section
 from model.config import BertConfig
 from model.levels import MAX_BATCH_TOKENS
 from model.onednn import OneDNNLinear
+from model.parallel import run_batches
 from model.relevance import RelevanceModel
 
 ISA_FLAGS = ("avx2", "avx512f", "avx512_bf16", "avx512_vnni", "amx_bf16", "amx_int8")
@@ -135,6 +137,15 @@ def qtrel_batches(m: RelevanceModel, lists: list[tuple[list, list]], batches: li
             if padded:
                 return torch.cat([m.module(b.ids, b.seg, b.mask, cls_only=True)[0].float() for b in batches])
             return torch.cat([m.logits(ids, seg) for ids, seg in lists])
+
+    return run
+
+
+def qtrel_workers(m: RelevanceModel, lists: list[tuple[list, list]]) -> Pass:
+    """The batches of 32 shared out over qtrel's forward workers (model.parallel), as encoded_logits does."""
+
+    def run() -> torch.Tensor:
+        return torch.cat(run_batches(m.forward_workers(), lambda b: m.logits(*b), lists))
 
     return run
 
@@ -253,31 +264,46 @@ def probe_pass(cfg: BertConfig, dtype: torch.dtype, seconds: float) -> Callable[
 
 # --- measurement ---------------------------------------------------------------------------------
 class Pause:
-    """SIGSTOP a process for the timed part of one repeat and SIGCONT it after, whatever happens; never
+    """SIGSTOP processes for the timed part of one repeat and SIGCONT it after, whatever happens; never
     for more than `limit` seconds at a stretch (`tick` between systems lets it run for a second)."""
 
-    def __init__(self, pid: int | None, limit: float = 600.0):
-        self.pid, self.limit, self.since = pid, limit, 0.0
+    def __init__(self, pids: list[int] | None, limit: float = 600.0, match: str | None = None):
+        self.given, self.match, self.limit, self.since = pids or [], match, limit, 0.0
+        self.pids: list[int] = []
+
+    def _resolve(self) -> None:  # `match`: whatever runs under that command line now (pgrep -f)
+        found = []
+        if self.match:
+            out = subprocess.run(["pgrep", "-f", self.match], capture_output=True, text=True).stdout
+            found = [int(x) for x in out.split() if int(x) != os.getpid()]
+        self.pids = self.given + found
+
+    def _send(self, sig: int) -> None:
+        for pid in self.pids:
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:  # it ended meanwhile
+                pass
 
     def __enter__(self):
-        if self.pid:
-            os.kill(self.pid, signal.SIGSTOP)
-            self.since = time.monotonic()
+        self._resolve()
+        self._send(signal.SIGSTOP)
+        self.since = time.monotonic()
         return self
 
     def tick(self) -> None:
-        if self.pid and time.monotonic() - self.since > self.limit:
-            os.kill(self.pid, signal.SIGCONT)
+        if self.pids and time.monotonic() - self.since > self.limit:
+            self._send(signal.SIGCONT)
             time.sleep(1.0)
-            os.kill(self.pid, signal.SIGSTOP)
+            self._resolve()
+            self._send(signal.SIGSTOP)
             self.since = time.monotonic()
 
     def __exit__(self, *exc):
-        if self.pid:
-            os.kill(self.pid, signal.SIGCONT)
+        self._send(signal.SIGCONT)
 
 
-def measure(systems: dict[str, Pass], probes: dict[str, Callable[[], float]], repeats: int, pause: int | None):
+def measure(systems: dict[str, Pass], probes: dict[str, Callable[[], float]], repeats: int, pause: Pause):
     """Seconds (wall and this process's CPU) per pass of each system, probes beside them, interleaved,
     after one warm-up pass per system (every shape once) that also gives the logits."""
     runs = {}
@@ -290,7 +316,7 @@ def measure(systems: dict[str, Pass], probes: dict[str, Callable[[], float]], re
     names = list(systems) + list(probes)
     for r in range(repeats):
         t_rep = time.perf_counter()
-        with Pause(pause) as pz:
+        with pause as pz:
             for name in names[r % len(names) :] + names[: r % len(names)]:
                 pz.tick()
                 if name in probes:
@@ -322,7 +348,10 @@ def main() -> int:
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--probe-seconds", type=float, default=2.0)
-    p.add_argument("--pause-pid", type=int, help="SIGSTOP this process during each repeat (SIGCONT after)")
+    p.add_argument(
+        "--pause-pid", type=int, nargs="+", help="SIGSTOP these processes during each repeat (SIGCONT after)"
+    )
+    p.add_argument("--pause-match", help="SIGSTOP, likewise, the processes whose command line matches (pgrep -f)")
     p.add_argument("--title", help="section title (default: from the ISA)")
     p.add_argument("--skip", action="append", default=[], help="leave out the systems whose name starts so")
     p.add_argument("--tag", default="", help="suffix of the JSON name and the docs section (e.g. -2threads)")
@@ -367,11 +396,17 @@ def main() -> int:
     def kernels(m: RelevanceModel) -> str:
         return kind.get(m.cpu_kernels, m.cpu_kernels)
 
+    def layout(m: RelevanceModel) -> str:  # many batches at once: on workers where torch has several threads
+        pool = m.forward_workers()
+        return "" if pool is None else f", {pool.workers} workers x {pool.threads_each} thread(s)"
+
     systems: dict[str, Pass] = {
         f"qtrel default ({short[prec]}, unpadded, {kernels(m_bf)})": qtrel_batches(m_bf, lists, batches, padded=False),
         f"qtrel padded ({short[prec]}, {kernels(m_pad)})": qtrel_batches(m_pad, lists, batches, padded=True),
-        f"qtrel own batches ({short[prec]}, encoded_logits, 8192 tokens)": qtrel_own(m_bf, enc, order),
+        f"qtrel own batches ({short[prec]}, encoded_logits, 8192 tokens{layout(m_bf)})": qtrel_own(m_bf, enc, order),
     }
+    if m_bf.forward_workers() is not None:
+        systems[f"qtrel default, batches of 32 on workers ({short[prec]}{layout(m_bf)})"] = qtrel_workers(m_bf, lists)
     precision = {n: prec for n in systems}
     if prec != "float32":
         systems[f32_name := f"qtrel fp32 (unpadded, {kernels(m_f32)})"] = qtrel_batches(m_f32, lists, batches, False)
@@ -446,7 +481,7 @@ def main() -> int:
         probes = {f"probe {k}": v for k, v in probes.items()}
         systems = {n: f for n, f in systems.items() if not any(n.startswith(x) for x in a.skip)}
         print("systems: " + "; ".join(systems), flush=True)
-        runs, probe_runs, load = measure(systems, probes, a.repeats, a.pause_pid)
+        runs, probe_runs, load = measure(systems, probes, a.repeats, Pause(a.pause_pid, match=a.pause_match))
     del systems
     gc.collect()
 
@@ -496,6 +531,7 @@ def main() -> int:
         "threads": a.threads,
         "repeats": a.repeats,
         "paused_pid": a.pause_pid,
+        "paused_match": a.pause_match,
         "load": load,
         "versions": versions,
         "probe_gflops": {k: spread(v) for k, v in probe_runs.items()},

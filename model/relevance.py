@@ -9,7 +9,7 @@ checkpoint's level rule.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -24,7 +24,8 @@ from model.device import resolve_device, resolve_dtype
 from model.int8 import NO_VNNI, PLAN_FILE, Int8Plan, cpu_has_vnni
 from model.kernels import install_cpu_kernels, warm_linear_shapes
 from model.levels import DEFAULT_LEVELS, MAX_BATCH_TOKENS
-from model.packing import token_slices
+from model.packing import length_batches, token_slices
+from model.parallel import ForwardWorkers, batch_budget, run_batches, workers_for
 from model.scoring import LevelRule, ScoredBatch, level_values, merge_classes, score_logits
 from model.tokenizer import EncodedPairs, PairTokenizer, Truncation
 
@@ -120,6 +121,10 @@ class RelevanceModel:
         self.inference_probe: dict | None = None
         self._openvino: OpenVINOForward | None = None
         self._openvino_failed = False  # logged once
+        # Many batches at once (encoded_logits) on workers of one thread each where torch has several
+        # (model.parallel); `workers`: how many, 0 for one per core up to parallel.MAX_WORKERS
+        self.workers = 0
+        self._pool: ForwardWorkers | None = None
         self.labels = self.cfg.levels  # what a score grades; the head may have extra classes (model.config)
         self.class_levels = self.cfg.class_levels
         self.values = level_values(self.labels)
@@ -326,13 +331,30 @@ class RelevanceModel:
         raw: bool = False,
     ) -> Tensor:
         """(n, levels) float32 logits of encoded pairs, in their order, forwarded in length-sorted batches
-        of at most `max_batch_tokens` padded tokens (`raw`: per class, as `logits`)."""
+        of at most `max_batch_tokens` padded tokens (`raw`: per class, as `logits`); on several workers at
+        once where torch has several threads (`forward_workers`)."""
         out = torch.empty(len(enc), len(self.class_levels) if raw else len(self.labels))
-        for batch in length_batches(enc.lengths, max_batch_tokens):
-            out[batch] = self.logits(
-                [enc.input_ids[i] for i in batch], [enc.token_type_ids[i] for i in batch], head_mask, raw
-            )
+        if self.device.type == "cpu":  # cuda wants its batches big
+            max_batch_tokens = batch_budget(sum(enc.lengths), max_batch_tokens)
+        batches = list(length_batches(enc.lengths, max_batch_tokens))
+        pool = self.forward_workers(torch_only=head_mask is not None)
+
+        def forward(batch: list[int]) -> Tensor:
+            ids, segs = [enc.input_ids[i] for i in batch], [enc.token_type_ids[i] for i in batch]
+            return self.logits(ids, segs, head_mask, raw)
+
+        for batch, got in zip(batches, run_batches(pool, forward, batches)):
+            out[batch] = got
         return out
+
+    def forward_workers(self, torch_only: bool = False) -> ForwardWorkers | None:
+        """The workers that forward many batches at once on this cpu (None: the caller's thread): as many as
+        the caller's torch threads allow (`workers` to choose). OpenVINO forwards run on its own threads
+        (`torch_only`: the batches run on torch, e.g. with a head mask)."""
+        if self.device.type != "cpu" or (self._openvino is not None and not torch_only):
+            return None
+        self._pool = workers_for(self._pool, torch.get_num_threads(), self.workers)
+        return self._pool
 
     def predict(
         self,
@@ -350,19 +372,6 @@ class RelevanceModel:
                 s.probs.tolist(), s.level.tolist(), s.expected.tolist(), enc.lengths, enc.truncated
             )
         ]
-
-
-def length_batches(lengths: Sequence[int], max_batch_tokens: int, max_batch_size: int = 256) -> Iterable[list[int]]:
-    """Indices grouped by length so that longest x count stays within the token budget."""
-    order = sorted(range(len(lengths)), key=lengths.__getitem__)
-    batch: list[int] = []
-    for i in order:  # ascending: the newest item is the batch's longest
-        if batch and (lengths[i] * (len(batch) + 1) > max_batch_tokens or len(batch) >= max_batch_size):
-            yield batch
-            batch = []
-        batch.append(i)
-    if batch:
-        yield batch
 
 
 def new_from_encoder(

@@ -33,7 +33,14 @@ def add_score(sub) -> None:
     add_device_options(p)
     p.add_argument("--max-length", type=int, default=128, help="tokens per pair")
     p.add_argument("--max-batch-tokens", type=int, default=MAX_BATCH_TOKENS, help="padded tokens per forward pass")
-    p.add_argument("--threads", type=int, default=0, help="torch intra-op threads (0: torch's default)")
+    p.add_argument("--threads", type=int, default=0, help="cores to use, as torch threads (0: torch's default)")
+    p.add_argument(
+        "--workers",
+        type=int,
+        default=0,
+        help="batches forwarded at once, each on threads/workers cores (0: one per core up to 4; 1: each batch on "
+        "every thread)",
+    )
     p.add_argument("--chunk-rows", type=int, default=20000, help="rows read, scored and written at a time")
     p.add_argument(
         "--max-chunks",
@@ -88,6 +95,8 @@ def cmd_score(a) -> int:
             max_chunks=a.max_chunks,
             chunk_overlap=a.chunk_overlap,
         )
+        if a.workers < 0:
+            raise ValueError(f"--workers must be 0 (one per core) or more, got {a.workers}")
         if a.ray and a.resume:
             raise ValueError("--resume works on one machine only: a Ray run writes its output folder anew")
         if a.ray:
@@ -105,6 +114,7 @@ def cmd_score(a) -> int:
             if a.threads:
                 torch.set_num_threads(a.threads)
             model = RelevanceModel.load(model_dir, device=a.device, dtype=a.dtype, max_length=a.max_length)
+            model.workers = a.workers
             summary = score_file(
                 model, a.input, a.out, options, chunk_rows=a.chunk_rows, resume=a.resume, progress=a.progress
             )

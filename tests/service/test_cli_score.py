@@ -111,3 +111,22 @@ def test_score_max_chunks_adds_the_window_columns_and_refuses_a_bad_value(tiny_c
     assert [r["pred_windows"] for r in rows] == ["1.0"] * 3 and [r["pred_window"] for r in rows] == ["0.0"] * 3
     rc, _, err = _run(capsys, *base, "--overwrite", "--max-chunks", "0")
     assert rc != 0 and "max_chunks must be at least 1" in err
+
+
+def test_score_on_two_workers_writes_the_one_thread_file_and_refuses_a_bad_count(tiny_checkpoint, tmp_path, capsys):
+    import torch
+
+    src = _write(tmp_path / "in.csv", PAIRS)
+    base = ["score", src, "--model", tiny_checkpoint, "--query-column", "search", "--title-column", "product",
+            "--prefix", "pred_", "--no-progress", "--dtype", "float32", "--max-batch-tokens", "64"]  # fmt: skip
+    before = torch.get_num_threads()
+    try:
+        rc, _, err = _run(capsys, *base, "--out", tmp_path / "one.csv", "--threads", "1")
+        assert rc == 0, err
+        rc, _, err = _run(capsys, *base, "--out", tmp_path / "two.csv", "--threads", "2")  # 2 workers x 1 thread
+        assert rc == 0, err
+        rc, _, err = _run(capsys, *base, "--out", tmp_path / "bad.csv", "--workers", "-1")
+    finally:
+        torch.set_num_threads(before)
+    assert (tmp_path / "two.csv").read_bytes() == (tmp_path / "one.csv").read_bytes()
+    assert rc == 2 and "--workers must be 0" in err
