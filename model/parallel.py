@@ -1,11 +1,12 @@
 """Many batches on several cores in one process: workers of one Python thread each, every worker with its
 own torch intra-op threads, each forwarding whole batches.
 
-Why: one forward split over two cores (torch's intra-op threads) ran at 0.87x ONNX Runtime on two cores of
-an AMD EPYC Zen 3; the same two cores as two workers of one thread each forwarded 1.12x more pairs (228
-against 203 pairs/s, docs/benchmarks.md). It is the server's layout (model processes of one thread) inside
-one process: MiniLM's matmuls are too small to split well, and whole batches need no synchronisation. Every
-kernel releases the GIL; only the Python between kernels (under a tenth of a forward) runs one at a time.
+Why: one forward split over two cores (torch's intra-op threads) ran at 0.87-0.96x the best anchor on two
+cores of an AMD EPYC Zen 3 in float32; the same two cores as two workers of one thread each forwarded 1.18x
+more pairs (1.17-1.26 per round, bench/workers_ab.py, docs/benchmarks.md). It is the server's layout (model
+processes of one thread) inside one process: MiniLM's matmuls are too small to split well, and whole
+batches need no synchronisation. Every kernel releases the GIL; only the Python between kernels (under a
+tenth of a forward) runs one at a time.
 
 Under OpenMP, `torch.set_num_threads` sets the calling thread's team size (and MKL's, per thread) and
 torch's default for threads that have not run a torch op yet: each worker sets its own in its initializer,
@@ -101,7 +102,7 @@ def batch_budget(tokens: int, max_batch_tokens: int) -> int:
     """Padded tokens per cpu batch for a call of `tokens` in all: small enough that MAX_WORKERS workers get
     BATCHES_PER_WORKER each (one big batch keeps one worker busy while the others wait), down to
     MIN_BATCH_TOKENS. It depends on the pairs only, not on the workers, so that a file scored with any
-    number of workers gets the very same batches, and the same numbers to the last bit."""
+    number of workers gets the very same batches (and, one thread per worker, the bits one thread gives)."""
     return min(max_batch_tokens, max(MIN_BATCH_TOKENS, tokens // (BATCHES_PER_WORKER * MAX_WORKERS)))
 
 
