@@ -5,6 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from model import kernels as kernel_layer
+from model.kernels import onednn_available
 from model.relevance import RelevanceModel
 
 
@@ -28,3 +30,15 @@ def model(tiny_checkpoint) -> RelevanceModel:
 def unpacked(tiny_checkpoint) -> RelevanceModel:
     """Plain layers, padded batches: the reference path."""
     return RelevanceModel.load(tiny_checkpoint, onednn=False, unpadded=False)
+
+
+@pytest.fixture(scope="module", params=["onednn-packed", "fused"])
+def kernels(request, tiny_checkpoint) -> RelevanceModel:
+    """The tiny model with each kernel kind, whichever this CPU would choose."""
+    if not onednn_available(torch.float32):
+        pytest.skip("torch built without oneDNN")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(kernel_layer, "onednn_pays", lambda dtype: request.param == "onednn-packed")
+        m = RelevanceModel.load(tiny_checkpoint)
+    assert m.cpu_kernels == request.param
+    return m

@@ -1,6 +1,7 @@
 """The CPU kernel layer (model.kernels): pre-packed oneDNN linear layers where they pay, fused plain ones
 where they do not (float32 without AVX-512), the probe of the private ops oneDNN's rest on, and the plain
-fallback when the probe fails. Both kernel kinds are tested on every CPU (`kernels` below forces each)."""
+fallback when the probe fails. Both kernel kinds are tested on every CPU (`kernels`, tests/model/conftest.py,
+forces each)."""
 
 from __future__ import annotations
 
@@ -44,18 +45,6 @@ def expected_kernels(dtype: torch.dtype) -> str:
     if not onednn_available(dtype):
         return "plain"
     return "onednn-packed" if onednn_pays(dtype) else "fused"
-
-
-@pytest.fixture(scope="module", params=["onednn-packed", "fused"])
-def kernels(request, tiny_checkpoint) -> RelevanceModel:
-    """The tiny model with each kernel kind, whichever this CPU would choose."""
-    if not onednn_available(torch.float32):
-        pytest.skip("torch built without oneDNN")
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(kernel_layer, "onednn_pays", lambda dtype: request.param == "onednn-packed")
-        m = RelevanceModel.load(tiny_checkpoint)
-    assert m.cpu_kernels == request.param
-    return m
 
 
 # --- pre-packed (oneDNN) and fused linear layers -------------------------------------------------------

@@ -9,10 +9,7 @@ import threading
 import pytest
 import torch
 
-from model import kernels as kernel_layer
-from model.kernels import onednn_available
 from model.parallel import MAX_WORKERS, MIN_BATCH_TOKENS, ForwardWorkers, batch_budget, plan, run_batches, workers_for
-from model.relevance import RelevanceModel
 from tests.conftest import read_pairs
 
 
@@ -78,15 +75,6 @@ def test_few_pairs_come_in_smaller_batches_whatever_the_workers():
     assert batch_budget(131_072, 8192) == 8192
     assert batch_budget(65_536, 8192) == 4096  # BATCHES_PER_WORKER x MAX_WORKERS batches
     assert batch_budget(6_800, 96) == 96
-
-
-@pytest.fixture(scope="module", params=["onednn-packed", "fused"])
-def kernels(request, tiny_checkpoint) -> RelevanceModel:
-    if not onednn_available(torch.float32):
-        pytest.skip("torch built without oneDNN")
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(kernel_layer, "onednn_pays", lambda dtype: request.param == "onednn-packed")
-        return RelevanceModel.load(tiny_checkpoint)
 
 
 @pytest.mark.parametrize("masked", [False, True])
