@@ -129,6 +129,7 @@ def offline_pairs_per_s(
     import torch
 
     from model.device import resolve_dtype
+    from model.parallel import plan
 
     dtype = resolve_dtype(dtype, torch.device("cpu"))
     print(f"offline: {dtype}")
@@ -151,6 +152,8 @@ def offline_pairs_per_s(
             # repeat r ends when its slowest process ends; median over repeats
             wall = statistics.median(max(t[r] for t in times) for r in range(repeats))
             layout = f"{procs} process{'es' if procs > 1 else ''} x {threads} thread{'s' if threads > 1 else ''}"
+            if plan(threads)[0] > 1:  # predict forwards its batches on workers (model.parallel)
+                layout += f" ({plan(threads)[0]} forward workers)"
             layouts[name][layout] = len(pairs) / wall
             print(f"offline {name}, {layout}: {layouts[name][layout]:.0f} pairs/s over {len(pairs)} pairs")
         best[name] = max(layouts[name].values())
