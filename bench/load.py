@@ -250,12 +250,17 @@ async def open_loop(http: Http, url: str, bodies: list[Body], rate: float, end: 
 
 
 def metrics_of(text: str) -> dict[str, float]:
-    """Unlabelled samples of a Prometheus text page."""
-    out = {}
+    """The samples of a Prometheus text page by name, summed over their labels (the batch metrics carry a
+    `model` label since the server serves several models)."""
+    out: dict[str, float] = {}
     for line in text.splitlines():
-        parts = line.split()
-        if len(parts) == 2 and not line.startswith("#") and "{" not in parts[0]:
-            out[parts[0]] = float(parts[1])
+        if line.startswith("#") or not line.strip():
+            continue
+        name, value = line.split("{", 1)[0].split()[0], line.rsplit(None, 1)[-1]
+        try:
+            out[name] = out.get(name, 0.0) + float(value)
+        except ValueError:
+            continue
     return out
 
 

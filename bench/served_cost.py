@@ -1,0 +1,118 @@
+"""What a served pair costs the model processes against an offline pair (issue 20: "served batches of 8-24
+pairs within 1.15x of the per-pair cost of offline batches of 32").
+
+Starts `qtrel serve` on the default layout with the score cache off (every pair forwarded), drives it with
+64 closed-loop one-pair clients (aiohttp) over distinct dev pairs, and over a measured window takes the
+CPU time of the model processes (every process below the HTTP one) and the pairs they forwarded (the
+server's `qtrel_batch_pairs` counter). Then, in this process on one thread (a model process's), the CPU
+time per pair of the same pairs forwarded offline in length-sorted batches of 32. The HTTP process's
+own CPU is reported beside, not counted: the target is the model path's.
+
+    python bench/served_cost.py [--seconds 20] [--pairs 7206]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+from load import Http, Server, closed_loop, free_port, metrics_of, one_pair_bodies, qtrel_command, read_dev, tree
+
+from model.builtin import builtin_dir
+from model.relevance import RelevanceModel
+
+
+def own_cpu(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
+
+
+def split_cpu(root: int) -> tuple[float, float]:
+    """(the HTTP process's CPU seconds, the CPU seconds of every live process below it)."""
+    below = 0.0
+    for pid, _ in tree(root)[1:]:
+        try:
+            below += own_cpu(pid)
+        except (FileNotFoundError, ProcessLookupError):
+            continue
+    return own_cpu(root), below
+
+
+async def served(base: str, root: int, bodies: list, clients: int, warmup: float, seconds: float) -> dict:
+    async with Http(clients) as http, Http(1) as control:
+        end = time.perf_counter() + warmup + seconds
+        task = asyncio.ensure_future(closed_loop(http, base + "/score", bodies, clients, end))
+        await asyncio.sleep(warmup)
+        m0, c0, t0 = metrics_of(await control.get_text(base + "/metrics")), split_cpu(root), time.perf_counter()
+        await asyncio.sleep(max(0.0, end - time.perf_counter()))
+        m1, c1, wall = metrics_of(await control.get_text(base + "/metrics")), split_cpu(root), time.perf_counter() - t0
+        await task
+    pairs = m1["qtrel_batch_pairs_sum"] - m0["qtrel_batch_pairs_sum"]
+    batches = m1["qtrel_batch_pairs_count"] - m0["qtrel_batch_pairs_count"]
+    http_s, model_s = c1[0] - c0[0], c1[1] - c0[1]
+    return {
+        "pairs": pairs,
+        "pairs_per_s": pairs / wall,
+        "mean_batch_pairs": pairs / batches if batches else float("nan"),
+        "model_cpu_ms_per_pair": 1e3 * model_s / pairs,
+        "http_cpu_ms_per_pair": 1e3 * http_s / pairs,
+        "model_cores": model_s / wall,
+        "http_cores": http_s / wall,
+    }
+
+
+def offline(model_dir: str, pairs: list[tuple[str, str]], rounds: int) -> float:
+    """CPU ms per pair on one thread, length-sorted batches of 32 (the best of `rounds`)."""
+    torch.set_num_threads(1)
+    m = RelevanceModel.load(model_dir, dtype="auto")
+    m.warm_up()
+    enc = m.encode(pairs)
+    order = sorted(range(len(enc)), key=enc.lengths.__getitem__)
+    chunks = [order[i : i + 32] for i in range(0, len(order), 32)]
+    lists = [([enc.input_ids[i] for i in c], [enc.token_type_ids[i] for i in c]) for c in chunks]
+    best = float("inf")
+    for _ in range(rounds):
+        c0 = time.process_time()
+        for ids, segs in lists:
+            m.logits(ids, segs)
+        best = min(best, time.process_time() - c0)
+    return 1e3 * best / len(pairs)
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", default=str(builtin_dir("default")))
+    p.add_argument("--pairs", type=int, default=7206)
+    p.add_argument("--clients", type=int, default=64)
+    p.add_argument("--warmup", type=float, default=5.0)
+    p.add_argument("--seconds", type=float, default=20.0)
+    p.add_argument("--offline-pairs", type=int, default=2000)
+    p.add_argument("--offline-rounds", type=int, default=2)
+    a = p.parse_args()
+    rows = read_dev()
+    bodies, _ = one_pair_bodies(rows, a.pairs)
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    with tempfile.TemporaryDirectory() as tmp:
+        cmd = qtrel_command(Path(a.model), port)
+        with Server(cmd, base, "/health/ready", Path(tmp) / "server.log", timeout=300) as server:
+            s = asyncio.run(served(base, server.proc.pid, bodies, a.clients, a.warmup, a.seconds))
+    pairs = [(r["query"], r["title"]) for r in rows[: a.offline_pairs]]
+    off = offline(a.model, pairs, a.offline_rounds)
+    print(
+        f"served ({a.clients} one-pair clients, {s['pairs']:.0f} pairs in {a.seconds:.0f} s, {s['pairs_per_s']:.0f} "
+        f"pairs/s, mean batch {s['mean_batch_pairs']:.1f} pairs): model processes {s['model_cpu_ms_per_pair']:.2f} "
+        f"ms CPU per pair ({s['model_cores']:.2f} cores), HTTP process {s['http_cpu_ms_per_pair']:.2f} ms "
+        f"({s['http_cores']:.2f} cores)\noffline (1 thread, length-sorted batches of 32, {len(pairs)} pairs): "
+        f"{off:.2f} ms CPU per pair\nserved / offline, model path: {s['model_cpu_ms_per_pair'] / off:.2f}x"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
