@@ -38,8 +38,8 @@ class Dataset:
         return [e.label for e in self.examples]
 
 
-def _rows(path: Path):
-    """(line number, dict) per record."""
+def records(path: Path):
+    """(line number, dict) per record of a CSV or JSON-lines file; a bad JSON line yields its error instead."""
     if path.suffix in (".jsonl", ".json"):
         with path.open(encoding="utf-8-sig") as f:
             for n, line in enumerate(f, 1):
@@ -73,7 +73,7 @@ def read_labelled(
     index = {lab: i for i, lab in enumerate(labels)}
     ds = Dataset(path=str(path))
     errors: list[str] = []
-    for n, row in _rows(path):
+    for n, row in records(path):
         where = f"{path}:{n}"
         if isinstance(row, Exception):
             errors.append(f"{where}: {row}")

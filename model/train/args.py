@@ -36,6 +36,8 @@ HELP = {
     "foreign_negatives": "share of the negatives drawn foreign: catalogue titles in vocabulary words no title uses",
     "autocast": "none, or bfloat16: the forward under bfloat16 autocast (fast on AVX512-BF16/AMX CPUs only)",
     "not_candidate": "1: a sixth class, 'not a candidate', learns the negatives and grades level 1 (merged at scoring)",
+    "teacher": "CSV/JSONL of per-pair teacher targets: query, title, relevance and/or p_<level> (model.train.teacher)",
+    "teacher_weight": "the teacher's share of a matched pair's targets (cross-entropy, ordinal term); not negatives'",
     "keep_evals": "1: keep the checkpoint of every dev evaluation in <out>/step-N/ (for averaging, choosing)",
 }
 
@@ -74,4 +76,6 @@ class TrainArgs:
     foreign_negatives: float = 0.0  # share of the negatives that are foreign (model.train.negatives)
     autocast: str = "none"  # "bfloat16": the forward under bfloat16 autocast
     keep_evals: int = 0  # 1: a checkpoint per dev evaluation in <out>/step-N/
+    teacher: str = ""  # per-pair teacher targets (model.train.teacher); "" = none
+    teacher_weight: float = 0.5  # the teacher's share of a matched pair's targets
     not_candidate: int = 0  # 1: negatives train an extra class merged into the lowest level (model.config)

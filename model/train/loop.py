@@ -5,8 +5,10 @@ squared error of the expected level: a term that knows the levels are ordered (p
 less than predicting 1). With `negatives`, each epoch adds freshly sampled unrelated pairs (catalogue
 titles judged for other queries, level 1; model.train.negatives), `hard_negatives` of them hard ones (a shared
 word, the head term missing), `foreign_negatives` of them made of vocabulary words no catalogue title
-uses. `autocast bfloat16` runs the forward under bfloat16 autocast: 1.5x faster a
-step on an AMD EPYC (Zen 4, AVX512-BF16), emulated and ~20x slower on AVX2-only CPUs.
+uses. With `teacher`, judged pairs the teacher file scores learn a blend of their labels and its targets
+(model.train.teacher: distillation of a stronger scorer); negatives keep theirs. `autocast bfloat16`
+runs the forward under bfloat16 autocast: 1.5x faster a step on an AMD EPYC (Zen 4, AVX512-BF16),
+emulated and ~20x slower on AVX2-only CPUs.
 
 Output is a Hugging Face-format checkpoint (the best one on the dev file) plus `training_args.json`;
 `<out>/last/` holds the state needed to resume after an interruption.
@@ -36,6 +38,7 @@ from model.tokenizer import PairTokenizer
 from model.train.args import SELECT, TrainArgs
 from model.train.evaluate import metrics_of, negatives_report, score_dataset
 from model.train.negatives import vocabulary_words, with_negatives
+from model.train.teacher import read_teacher, teacher_targets
 
 log = logging.getLogger("qtrel.train")
 
@@ -99,11 +102,19 @@ def epoch_data(train_ds: Dataset, args: TrainArgs, epoch: int, words: Sequence[s
     return with_negatives(train_ds, args.negatives, seed, args.hard_negatives, args.foreign_negatives, words, label)
 
 
-def loss_fn(logits: Tensor, labels: Tensor, values: Tensor, args: TrainArgs, targets: Tensor | None = None) -> Tensor:
+def loss_fn(
+    logits: Tensor,
+    labels: Tensor,
+    values: Tensor,
+    args: TrainArgs,
+    targets: Tensor | None = None,
+    soft: Tensor | None = None,
+) -> Tensor:
     """Cross-entropy (label-smoothed) + mse_weight * (E[level] - target)^2, in float32; the target is the
-    level's value, or `targets` (see `mse_targets`) where given."""
+    level's value, or `targets` (see `mse_targets`) where given. `soft`: cross-entropy against these
+    target distributions instead of the labels (a teacher's, model.train.teacher)."""
     logits = logits.float()
-    loss = F.cross_entropy(logits, labels, label_smoothing=args.label_smoothing)
+    loss = F.cross_entropy(logits, labels if soft is None else soft, label_smoothing=args.label_smoothing)
     if args.mse_weight:
         expected = logits.softmax(-1) @ values
         loss = loss + args.mse_weight * (expected - (values[labels] if targets is None else targets)).pow(2).mean()
@@ -147,6 +158,8 @@ def check_args(args: TrainArgs) -> None:
         raise ValueError("--mse-target must be level or relevance")
     if not 0 <= args.foreign_negatives <= 1 - args.hard_negatives:
         raise ValueError("--foreign-negatives must be in [0, 1 - --hard-negatives]")
+    if args.teacher and (args.not_candidate or not 0 <= args.teacher_weight <= 1):
+        raise ValueError("--teacher needs --teacher-weight in [0, 1] and no --not-candidate class")
 
 
 def optimizer(
@@ -229,14 +242,22 @@ class Run:
             (self.out / "dev_metrics.json").write_text(json.dumps({"step": state["step"], **m}, indent=2) + "\n")
 
     def step(
-        self, ids: Tensor, seg: Tensor, mask: Tensor, labels: Tensor, values: Tensor, targets: Tensor | None = None
+        self,
+        ids: Tensor,
+        seg: Tensor,
+        mask: Tensor,
+        labels: Tensor,
+        values: Tensor,
+        targets: Tensor | None = None,
+        soft: Tensor | None = None,
     ) -> float:
         """One optimiser step on one batch; its loss."""
         device, cast = values.device, AUTOCAST[self.args.autocast]
         with torch.autocast(device.type, dtype=cast, enabled=cast is not None):
             logits, _ = self.module(ids.to(device), seg.to(device), mask.to(device))
         targets = None if targets is None else targets.to(device)
-        loss = loss_fn(logits, labels.to(device), values, self.args, targets)
+        soft = None if soft is None else soft.to(device)
+        loss = loss_fn(logits, labels.to(device), values, self.args, targets, soft)
         self.opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(self.module.parameters(), self.args.max_grad_norm)
@@ -267,6 +288,7 @@ def train(args: TrainArgs) -> dict:
     device = torch.device(args.device)
     module.to(device).train()
     words = vocabulary_words(tok.vocabulary()) if args.foreign_negatives else []
+    teacher = read_teacher(args.teacher, list(args.labels)) if args.teacher else None
     neg_label = module.cfg.negative_class
     steps_per_epoch = math.ceil(len(epoch_data(train_ds, args, 0, words, neg_label)) / args.batch_size)  # every epoch
     total = math.ceil(args.epochs * steps_per_epoch)
@@ -287,11 +309,20 @@ def train(args: TrainArgs) -> dict:
         epoch = state["step"] // steps_per_epoch
         ds = epoch_data(train_ds, args, epoch, words, neg_label)
         enc = tok.encode([e.query for e in ds.examples], [e.title for e in ds.examples])
-        labels, targets = torch.tensor(ds.labels), mse_targets(ds, values, args)
+        labels, targets, soft = torch.tensor(ds.labels), mse_targets(ds, values, args), None
+        if teacher is not None:
+            soft, targets, matched = teacher_targets(ds, teacher, values.cpu(), args.teacher_weight, targets)
+            log.info("epoch %d: teacher targets for %d of %d pairs", epoch, matched, len(ds))
         batches = length_sorted_batches(enc.lengths, args.batch_size, random.Random(args.seed + epoch))
         for idx in batches[state["step"] % steps_per_epoch :]:
             batch = pad_batch([enc.input_ids[i] for i in idx], [enc.token_type_ids[i] for i in idx], tok.pad_id)
-            loss = run.step(*batch, labels[idx], values, None if targets is None else targets[idx])
+            loss = run.step(
+                *batch,
+                labels[idx],
+                values,
+                None if targets is None else targets[idx],
+                None if soft is None else soft[idx],
+            )
             if progress is not None:
                 progress.update(loss, len(idx), state["step"])
             if state["step"] % eval_every == 0 or state["step"] == total:
