@@ -283,16 +283,18 @@ def tree(root: int) -> list[tuple[int, int]]:
     return out
 
 
+def own_cpu_seconds(pid: int) -> float:
+    """CPU time of one live process (utime + stime); 0 once it has gone."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (FileNotFoundError, ProcessLookupError):
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def cpu_seconds(pid: int) -> float:
     """CPU time of a process and every live process below it (the fork server and the model processes)."""
-    total = 0.0
-    for p, _ in tree(pid):
-        try:
-            fields = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
-        except (FileNotFoundError, ProcessLookupError):
-            continue
-        total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
-    return total
+    return sum(own_cpu_seconds(p) for p, _ in tree(pid))
 
 
 async def scenario(

@@ -15,32 +15,31 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import tempfile
 import time
 from pathlib import Path
 
 import torch
-from load import Http, Server, closed_loop, free_port, metrics_of, one_pair_bodies, qtrel_command, read_dev, tree
+from load import (
+    Http,
+    Server,
+    closed_loop,
+    free_port,
+    metrics_of,
+    one_pair_bodies,
+    own_cpu_seconds,
+    qtrel_command,
+    read_dev,
+    tree,
+)
 
 from model.builtin import builtin_dir
 from model.relevance import RelevanceModel
 
 
-def own_cpu(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
-
-
 def split_cpu(root: int) -> tuple[float, float]:
     """(the HTTP process's CPU seconds, the CPU seconds of every live process below it)."""
-    below = 0.0
-    for pid, _ in tree(root)[1:]:
-        try:
-            below += own_cpu(pid)
-        except (FileNotFoundError, ProcessLookupError):
-            continue
-    return own_cpu(root), below
+    return own_cpu_seconds(root), sum(own_cpu_seconds(pid) for pid, _ in tree(root)[1:])
 
 
 async def served(base: str, root: int, bodies: list, clients: int, warmup: float, seconds: float) -> dict:
