@@ -32,7 +32,8 @@ class PairLayout:
     @classmethod
     def of(cls, token_type_ids: list[int]) -> PairLayout:
         T = len(token_type_ids)
-        nq = token_type_ids.count(0) - 2  # [CLS] and the first [SEP] are segment 0
+        # [CLS] and the first [SEP] are segment 0; exact-match ids (model.tokenizer.MATCH_OFFSET) keep the parity
+        nq = sum(1 for t in token_type_ids if t % 2 == 0) - 2
         return cls(T, list(range(1, 1 + nq)), list(range(nq + 2, T - 1)))
 
     @property
