@@ -15,7 +15,7 @@ from torch import Tensor
 from model.levels import MAX_BATCH_TOKENS
 from model.relevance import RelevanceModel, pad_batch
 from model.scoring import merge_classes
-from model.tokenizer import Truncation
+from model.tokenizer import MATCH_OFFSET, Truncation
 
 SUMMARY_DECIMALS = 6  # per-head summaries and attributions
 MATRIX_DECIMALS = 4  # full attention matrices (for the view page): keeps the JSON small
@@ -149,6 +149,8 @@ def explain_pair(
         att[layer, heads[layer]] = a
 
     q2t, t2q = cross_mass(att, layout)
+    # exact-match segment ids (model.tokenizer.MATCH_OFFSET): "match" says whether the other text has the piece
+    marks = (lambda s: {"match": s >= MATCH_OFFSET}) if model.tokenizer.match_segments else (lambda s: {})
     layers = []
     for layer in range(cfg.num_hidden_layers):
         cls_rows = _round(att[layer, heads[layer], 0], SUMMARY_DECIMALS)
@@ -194,7 +196,7 @@ def explain_pair(
         "probs": dict(zip(model.labels, _round(probs, SUMMARY_DECIMALS))),
         "truncated": enc.truncated[0],
         "tokens": [
-            {"token": tok, "segment": s, "special": layout.special(i)}
+            {"token": tok, "segment": s % 2, "special": layout.special(i)} | marks(s)
             for i, (tok, s) in enumerate(zip(model.tokenizer.tokens(ids), seg))
         ],
         "layers": layers,

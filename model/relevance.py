@@ -92,10 +92,8 @@ class RelevanceModel:
             raise ValueError("float16 runs on cuda only; on cpu use bfloat16 or int8")
         if dtype == "int8" and self.device.type != "cpu":
             raise ValueError("int8 dynamic quantisation runs on cpu only")
-        if tokenizer.vocab_size > module.cfg.vocab_size:
-            raise CheckpointError(
-                f"tokenizer has {tokenizer.vocab_size} tokens but the model embeds only {module.cfg.vocab_size}"
-            )
+        if why := tokenizer.misfit(module.cfg.vocab_size, module.cfg.type_vocab_size):
+            raise CheckpointError(why)
         self.cfg: BertConfig = module.cfg
         self.tokenizer = tokenizer
         self.dtype = dtype

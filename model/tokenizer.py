@@ -153,6 +153,17 @@ class PairTokenizer:
             encoding="utf-8",
         )
 
+    def misfit(self, vocab_size: int, type_vocab_size: int) -> str | None:
+        """Why a model with these embedding tables cannot take this tokenizer's ids; None when it can."""
+        if self.vocab_size > vocab_size:
+            return f"tokenizer has {self.vocab_size} tokens but the model embeds only {vocab_size}"
+        if self.match_segments and type_vocab_size < 2 + MATCH_OFFSET:
+            return (
+                f"tokenizer_config.json marks exact matches (segment ids 0-{1 + MATCH_OFFSET}) but the model "
+                f"embeds only {type_vocab_size} segment ids"
+            )
+        return None
+
     @property
     def lowercase(self) -> bool:
         norm = json.loads(self._tok.to_str()).get("normalizer") or {}

@@ -64,18 +64,19 @@ def _build(args: TrainArgs) -> tuple[BertForRelevance, PairTokenizer, str]:
     if not has_head(base):
         labels = list(args.labels) + ([args.labels[0]] if args.not_candidate else [])
         module, tok = new_from_encoder(base, labels, seed=args.seed, max_length=args.max_length)
-        return module, tok, "new head"
-    module = load_module(base)
-    if module.cfg.levels != list(args.labels):
-        raise ValueError(f"{base} predicts {module.cfg.levels}, not {args.labels}; train from its encoder instead")
-    tok = PairTokenizer.from_dir(base, max_length=min(args.max_length, module.cfg.max_position_embeddings))
-    how = "continue"
+        how = "new head"
+    else:
+        module = load_module(base)
+        if module.cfg.levels != list(args.labels):
+            raise ValueError(f"{base} predicts {module.cfg.levels}, not {args.labels}; train from its encoder instead")
+        tok = PairTokenizer.from_dir(base, max_length=min(args.max_length, module.cfg.max_position_embeddings))
+        how = "continue"
+        if args.not_candidate and not module.cfg.negative_class:
+            add_not_candidate_class(module)
+            how += ", with a new 'not a candidate' class"
     if args.match_segments and not tok.match_segments:
         add_match_segments(module, tok)
         how += ", with exact-match segment ids"
-    if args.not_candidate and not module.cfg.negative_class:
-        add_not_candidate_class(module)
-        how += ", with a new 'not a candidate' class"
     return module, tok, how
 
 
