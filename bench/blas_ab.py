@@ -32,6 +32,24 @@ def best_seconds(f, repeats: int = 20) -> float:
     return out
 
 
+def time_shape(rows: int, k: int, n: int, rounds: int) -> dict[str, list[float]]:
+    """GFLOP/s of y = x W^T + b, (rows, k) by (n, k), per round and library."""
+    x, w, b = torch.randn(rows, k), torch.randn(n, k), torch.randn(n)
+    xn, wn, bn = x.numpy(), w.numpy(), b.numpy()
+    out = np.empty((rows, n), np.float32)
+
+    def openblas() -> None:
+        np.matmul(xn, wn.T, out=out)
+        np.add(out, bn, out=out)  # the bias, as nn.Linear adds it
+
+    fs = {"mkl": lambda: torch.nn.functional.linear(x, w, b), "openblas": openblas}
+    runs: dict[str, list[float]] = {lib: [] for lib in fs}
+    for r in range(rounds):
+        for lib in sorted(fs, reverse=r % 2 == 1):
+            runs[lib].append(2 * rows * k * n / best_seconds(fs[lib]) / 1e9)
+    return runs
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--rows", type=int, nargs="+", default=[256, 1024], help="packed tokens per linear")
@@ -45,19 +63,7 @@ def main() -> int:
     print("|---:|---|---:|---:|---|")
     for rows in a.rows:
         for name, (k, n) in SHAPES.items():
-            x, w, b = torch.randn(rows, k), torch.randn(n, k), torch.randn(n)
-            xn, wn, bn = x.numpy(), w.numpy(), b.numpy()
-            out = np.empty((rows, n), np.float32)
-
-            def openblas() -> None:
-                np.matmul(xn, wn.T, out=out)
-                np.add(out, bn, out=out)  # the bias, as nn.Linear adds it
-
-            runs: dict[str, list[float]] = {"mkl": [], "openblas": []}
-            fs = {"mkl": lambda: torch.nn.functional.linear(x, w, b), "openblas": openblas}
-            for r in range(a.rounds):
-                for lib in sorted(fs, reverse=r % 2 == 1):
-                    runs[lib].append(2 * rows * k * n / best_seconds(fs[lib]) / 1e9)
+            runs = time_shape(rows, k, n, a.rounds)
             ratios = ", ".join(f"{o / m:.2f}" for m, o in zip(runs["mkl"], runs["openblas"]))
             print(f"| {rows} | {name} ({k}, {n}) | {statistics.median(runs['mkl']):.0f} | "
                   f"{statistics.median(runs['openblas']):.0f} | {ratios} |", flush=True)  # fmt: skip
