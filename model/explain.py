@@ -15,7 +15,7 @@ from torch import Tensor
 from model.levels import MAX_BATCH_TOKENS
 from model.relevance import RelevanceModel, pad_batch
 from model.scoring import merge_classes
-from model.tokenizer import MATCH_OFFSET, Truncation
+from model.tokenizer import Truncation
 
 SUMMARY_DECIMALS = 6  # per-head summaries and attributions
 MATRIX_DECIMALS = 4  # full attention matrices (for the view page): keeps the JSON small
@@ -32,8 +32,7 @@ class PairLayout:
     @classmethod
     def of(cls, token_type_ids: list[int]) -> PairLayout:
         T = len(token_type_ids)
-        # [CLS] and the first [SEP] are segment 0; exact-match ids (model.tokenizer.MATCH_OFFSET) keep the parity
-        nq = sum(1 for t in token_type_ids if t % 2 == 0) - 2
+        nq = token_type_ids.count(0) - 2  # [CLS] and the first [SEP] are segment 0
         return cls(T, list(range(1, 1 + nq)), list(range(nq + 2, T - 1)))
 
     @property
@@ -149,8 +148,6 @@ def explain_pair(
         att[layer, heads[layer]] = a
 
     q2t, t2q = cross_mass(att, layout)
-    # exact-match segment ids (model.tokenizer.MATCH_OFFSET): "match" says whether the other text has the piece
-    marks = (lambda s: {"match": s >= MATCH_OFFSET}) if model.tokenizer.match_segments else (lambda s: {})
     layers = []
     for layer in range(cfg.num_hidden_layers):
         cls_rows = _round(att[layer, heads[layer], 0], SUMMARY_DECIMALS)
@@ -196,7 +193,7 @@ def explain_pair(
         "probs": dict(zip(model.labels, _round(probs, SUMMARY_DECIMALS))),
         "truncated": enc.truncated[0],
         "tokens": [
-            {"token": tok, "segment": s % 2, "special": layout.special(i)} | marks(s)
+            {"token": tok, "segment": s, "special": layout.special(i)}
             for i, (tok, s) in enumerate(zip(model.tokenizer.tokens(ids), seg))
         ],
         "layers": layers,

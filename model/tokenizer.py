@@ -17,10 +17,6 @@ from tokenizers import Tokenizer, normalizers, pre_tokenizers
 from tokenizers.models import WordPiece
 
 Truncation = Literal["only_second", "longest_first"]
-# Segment ids with exact-match marking (tokenizer_config.json "qtrel_match_segments": true): a word piece
-# that also occurs in the other text of its pair gets its segment's id + 2, so the encoder sees the lexical
-# match (numbers, sizes, brands) without having to find it; the model's type_vocab_size is then 4.
-MATCH_OFFSET = 2
 TRUNCATIONS: tuple[str, ...] = ("only_second", "longest_first")
 SPECIAL_TOKENS_IN_PAIR = 3  # [CLS], [SEP], [SEP]
 
@@ -85,9 +81,8 @@ def longest_first(n_query: int, n_title: int, budget: int) -> tuple[int, int]:
 
 
 class PairTokenizer:
-    def __init__(self, tokenizer: Tokenizer, max_length: int = 128, match_segments: bool = False):
+    def __init__(self, tokenizer: Tokenizer, max_length: int = 128):
         self._tok = tokenizer
-        self.match_segments = match_segments
         self._tok.no_truncation()
         self._tok.no_padding()
         vocab = tokenizer.get_vocab()
@@ -106,26 +101,18 @@ class PairTokenizer:
     def from_dir(cls, path: str | Path, max_length: int = 128) -> PairTokenizer:
         """Load `tokenizer.json`, or build BERT's WordPiece tokenizer from `vocab.txt`."""
         path = Path(path)
-        settings = {}
-        if (path / "tokenizer_config.json").is_file():
-            try:
-                settings = json.loads((path / "tokenizer_config.json").read_text(encoding="utf-8"))
-            except (OSError, json.JSONDecodeError) as e:
-                raise TokenizerError(f"cannot read {path / 'tokenizer_config.json'}: {e}") from e
-            if not isinstance(settings, dict):
-                raise TokenizerError(f"{path / 'tokenizer_config.json'} is not a JSON object")
-        match = settings.get("qtrel_match_segments", False)
-        if not isinstance(match, bool):
-            raise TokenizerError(f"qtrel_match_segments in {path / 'tokenizer_config.json'} must be true or false")
         if (path / "tokenizer.json").is_file():
             try:
                 tok = Tokenizer.from_file(str(path / "tokenizer.json"))
             except Exception as e:  # tokenizers raises bare Exception on bad JSON
                 raise TokenizerError(f"cannot load {path / 'tokenizer.json'}: {e}") from e
-            return cls(tok, max_length, match)
+            return cls(tok, max_length)
         if (path / "vocab.txt").is_file():
-            lowercase = bool(settings.get("do_lower_case", True))
-            return cls(build_wordpiece(path / "vocab.txt", lowercase), max_length, match)
+            lowercase = True
+            cfg = path / "tokenizer_config.json"
+            if cfg.is_file():
+                lowercase = bool(json.loads(cfg.read_text(encoding="utf-8")).get("do_lower_case", True))
+            return cls(build_wordpiece(path / "vocab.txt", lowercase), max_length)
         raise TokenizerError(f"{path} has neither tokenizer.json nor vocab.txt")
 
     def save(self, path: str | Path) -> None:
@@ -146,23 +133,11 @@ class PairTokenizer:
                     "pad_token": "[PAD]",
                     "unk_token": "[UNK]",
                     "mask_token": "[MASK]",
-                    **({"qtrel_match_segments": True} if self.match_segments else {}),
                 },
                 indent=2,
             ),
             encoding="utf-8",
         )
-
-    def misfit(self, vocab_size: int, type_vocab_size: int) -> str | None:
-        """Why a model with these embedding tables cannot take this tokenizer's ids; None when it can."""
-        if self.vocab_size > vocab_size:
-            return f"tokenizer has {self.vocab_size} tokens but the model embeds only {vocab_size}"
-        if self.match_segments and type_vocab_size < 2 + MATCH_OFFSET:
-            return (
-                f"tokenizer_config.json marks exact matches (segment ids 0-{1 + MATCH_OFFSET}) but the model "
-                f"embeds only {type_vocab_size} segment ids"
-            )
-        return None
 
     @property
     def lowercase(self) -> bool:
@@ -251,20 +226,11 @@ class PairTokenizer:
         return cuts
 
     def _frame(self, cuts: Sequence[PairCut]) -> EncodedPairs:
-        """`[CLS] query [SEP] title [SEP]` with segment ids 0/1 (+ MATCH_OFFSET on a word piece the other
-        text also has, where `match_segments`), of what each cut kept."""
+        """`[CLS] query [SEP] title [SEP]` with segment ids 0/1, of what each cut kept."""
         out = EncodedPairs([], [], [])
         for c in cuts:
             out.input_ids.append([self.cls_id, *c.query_kept, self.sep_id, *c.title_kept, self.sep_id])
-            if self.match_segments:
-                q, t = set(c.query_kept), set(c.title_kept)
-                out.token_type_ids.append(
-                    [0, *(MATCH_OFFSET if i in t else 0 for i in c.query_kept), 0]
-                    + [1 + MATCH_OFFSET if i in q else 1 for i in c.title_kept]
-                    + [1]
-                )
-            else:
-                out.token_type_ids.append([0] * (len(c.query_kept) + 2) + [1] * (len(c.title_kept) + 1))
+            out.token_type_ids.append([0] * (len(c.query_kept) + 2) + [1] * (len(c.title_kept) + 1))
             out.truncated.append(c.truncated)
         return out
 

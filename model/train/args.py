@@ -38,8 +38,6 @@ HELP = {
     "not_candidate": "1: a sixth class, 'not a candidate', learns the negatives and grades level 1 (merged at scoring)",
     "teacher": "CSV/JSONL of per-pair teacher targets: query, title, relevance and/or p_<level> (model.train.teacher)",
     "teacher_weight": "the teacher's share of a matched pair's targets (cross-entropy, ordinal term); not negatives'",
-    "match_segments": "1: mark each word piece the other text of its pair also has with its own segment id "
-    "(types 2 and 3; model.tokenizer.MATCH_OFFSET)",
     "keep_evals": "1: keep the checkpoint of every dev evaluation in <out>/step-N/ (for averaging, choosing)",
 }
 
@@ -81,4 +79,3 @@ class TrainArgs:
     teacher: str = ""  # per-pair teacher targets (model.train.teacher); "" = none
     teacher_weight: float = 0.5  # the teacher's share of a matched pair's targets
     not_candidate: int = 0  # 1: negatives train an extra class merged into the lowest level (model.config)
-    match_segments: int = 0  # 1: exact-match segment ids (model.tokenizer); a base without them gains them

@@ -64,35 +64,15 @@ def _build(args: TrainArgs) -> tuple[BertForRelevance, PairTokenizer, str]:
     if not has_head(base):
         labels = list(args.labels) + ([args.labels[0]] if args.not_candidate else [])
         module, tok = new_from_encoder(base, labels, seed=args.seed, max_length=args.max_length)
-        how = "new head"
-    else:
-        module = load_module(base)
-        if module.cfg.levels != list(args.labels):
-            raise ValueError(f"{base} predicts {module.cfg.levels}, not {args.labels}; train from its encoder instead")
-        tok = PairTokenizer.from_dir(base, max_length=min(args.max_length, module.cfg.max_position_embeddings))
-        how = "continue"
-        if args.not_candidate and not module.cfg.negative_class:
-            add_not_candidate_class(module)
-            how += ", with a new 'not a candidate' class"
-    if args.match_segments and not tok.match_segments:
-        add_match_segments(module, tok)
-        how += ", with exact-match segment ids"
-    return module, tok, how
-
-
-def add_match_segments(module: BertForRelevance, tok: PairTokenizer) -> None:
-    """Segment ids 2 and 3 (a word piece the other text also has, model.tokenizer.MATCH_OFFSET) as copies of
-    0 and 1: every score stays exactly as it was until training moves them apart."""
-    old = module.bert.embeddings.token_type
-    if old.num_embeddings != 2:
-        raise ValueError(f"exact-match segments extend 2 segment ids, this model has {old.num_embeddings}")
-    new = torch.nn.Embedding(4, old.embedding_dim).to(old.weight.device, old.weight.dtype)
-    with torch.no_grad():
-        new.weight.copy_(torch.cat([old.weight, old.weight]))
-    module.bert.embeddings.token_type = new
-    module.cfg = replace(module.cfg, type_vocab_size=4)
-    module.bert.cfg = module.cfg
-    tok.match_segments = True
+        return module, tok, "new head"
+    module = load_module(base)
+    if module.cfg.levels != list(args.labels):
+        raise ValueError(f"{base} predicts {module.cfg.levels}, not {args.labels}; train from its encoder instead")
+    tok = PairTokenizer.from_dir(base, max_length=min(args.max_length, module.cfg.max_position_embeddings))
+    if args.not_candidate and not module.cfg.negative_class:
+        add_not_candidate_class(module)
+        return module, tok, "continue, with a new 'not a candidate' class"
+    return module, tok, "continue"
 
 
 def add_not_candidate_class(module: BertForRelevance) -> None:

@@ -51,9 +51,6 @@ class ExplainToken(BaseModel):
     token: str
     segment: int = Field(description="0 query, 1 title")
     special: bool
-    match: bool | None = Field(
-        None, description="whether the other text has this word piece (models with exact-match segment ids only)"
-    )
 
 
 class HeadSummary(BaseModel):

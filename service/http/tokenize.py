@@ -55,13 +55,8 @@ class TokenizeRequest(BaseModel):
 class Token(BaseModel):
     id: int
     text: str
-    segment: int = Field(description="0 query, 1 title")
+    segment: int = Field(description="0 query, 1 title (the token type id)")
     special: bool
-    match: bool | None = Field(
-        None,
-        description="whether the other text of the pair has this word piece, for a model with exact-match segment "
-        "ids (its token type id is then the segment + 2); null for other models",
-    )
 
 
 class TextCut(BaseModel):
@@ -119,7 +114,7 @@ async def tokenize(body: TokenizeRequest, engine: EngineDep, settings: SettingsD
                     "dropped": t.pieces(cut.dropped(cut.title, cut.title_kept)),
                 },
                 "tokens": [
-                    {"id": x, "text": s, "segment": g % 2, "special": j in specials, "match": t.match(g)}
+                    {"id": x, "text": s, "segment": g, "special": j in specials}
                     for j, (x, s, g) in enumerate(zip(ids, toks, segs))
                 ],
                 "input_ids": ids,

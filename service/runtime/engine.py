@@ -364,13 +364,7 @@ class Engine:
         def work() -> Tokenized:
             enc, cuts = tok.explain_truncation(queries, titles, truncation=truncation, side=side)  # type: ignore[arg-type]
             return Tokenized(
-                enc,
-                [tok.tokens(ids) for ids in enc.input_ids],
-                cuts,
-                tok.tokens,
-                info.max_length,
-                served.name,
-                tok.match_segments,
+                enc, [tok.tokens(ids) for ids in enc.input_ids], cuts, tok.tokens, info.max_length, served.name
             )
 
         if len(queries) <= INLINE_PAIRS:

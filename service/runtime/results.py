@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from model.tokenizer import MATCH_OFFSET, EncodedPairs, PairCut
+from model.tokenizer import EncodedPairs, PairCut
 from service.runtime.backend import BackendError
 from service.runtime.worker_api import PairOutput
 
@@ -30,11 +30,6 @@ class Tokenized:
     pieces: Callable[[Sequence[int]], list[str]]  # ids -> their word-piece texts
     max_length: int
     model: str
-    marks: bool = False  # the model's tokenizer marks exact matches (segment ids 2/3: model.tokenizer)
-
-    def match(self, segment_id: int) -> bool | None:
-        """Whether a token's segment id marks a word piece the other text has; None where the model marks none."""
-        return segment_id >= MATCH_OFFSET if self.marks else None
 
 
 class InputTooLong(ValueError):
