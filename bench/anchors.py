@@ -396,15 +396,28 @@ def main() -> int:
     def kernels(m: RelevanceModel) -> str:
         return kind.get(m.cpu_kernels, m.cpu_kernels)
 
+    def attention(m: RelevanceModel) -> str:
+        return ", math attention" if m.attention == "math" else ""
+
     def layout(m: RelevanceModel) -> str:  # many batches at once: on workers where torch has several threads
         pool = m.forward_workers()
         return "" if pool is None else f", {pool.workers} workers x {pool.threads_each} thread(s)"
 
     systems: dict[str, Pass] = {
-        f"qtrel default ({short[prec]}, unpadded, {kernels(m_bf)})": qtrel_batches(m_bf, lists, batches, padded=False),
+        f"qtrel default ({short[prec]}, unpadded, {kernels(m_bf)}{attention(m_bf)})": qtrel_batches(
+            m_bf, lists, batches, padded=False
+        ),
         f"qtrel padded ({short[prec]}, {kernels(m_pad)})": qtrel_batches(m_pad, lists, batches, padded=True),
         f"qtrel own batches ({short[prec]}, encoded_logits, 8192 tokens{layout(m_bf)})": qtrel_own(m_bf, enc, order),
     }
+    if m_bf.attention == "math":  # the flash kernel it replaced, in the same run (model.kernels.choose_attention)
+        m_flash = RelevanceModel.load(a.model, dtype=prec)
+        for layer in m_flash.module.bert.blocks:
+            layer.attn.math_attention = False
+        m_flash.warm_up()
+        systems[f"qtrel default, flash attention ({short[prec]}, unpadded, {kernels(m_flash)})"] = qtrel_batches(
+            m_flash, lists, batches, padded=False
+        )
     if m_bf.forward_workers() is not None:
         systems[f"qtrel default, batches of 32 on workers ({short[prec]}{layout(m_bf)})"] = qtrel_workers(m_bf, lists)
     precision = {n: prec for n in systems}

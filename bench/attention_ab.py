@@ -1,7 +1,8 @@
-"""A/B of the attention kernel inside qtrel's default forward (issue 20), without touching model/: the
-shipped path calls `F.scaled_dot_product_attention` once per length group and layer (on CPU in bfloat16
-that is the flash kernel); the candidate swaps in the plain math (two matmuls and a softmax) for the same
-calls, through model.bert's `F` only. Same batches of consecutive dev pairs as bench/forward_profile.py,
+"""A/B of the two attention kernels of qtrel's packed forward (issue 20): torch's
+`F.scaled_dot_product_attention` once per length group and layer (on CPU in bfloat16, the flash kernel)
+against `model.bert.math_attention` (two matmuls and a float32 softmax) for the same calls; the model's own
+switch (`math_attention` per layer) flips between them, and the report says which one this CPU ships
+(`model.kernels.math_attention_pays`). Same batches of consecutive dev pairs as bench/forward_profile.py,
 the two interleaved per round, median and range; plus the bare kernels on one group's shape.
 
   python bench/attention_ab.py --model model/default [--threads 1] [--pause-pid PID]
@@ -14,7 +15,6 @@ import os
 import signal
 import statistics
 import time
-import types
 import warnings
 from pathlib import Path
 
@@ -24,32 +24,24 @@ from anchors import isa, isa_line, slug_of
 from model_speed import read_pairs
 from results import command_line, machine, publish
 
-import model.bert as bert
+from model.bert import math_attention
 from model.relevance import RelevanceModel
 
 SIZES = (8, 19, 32)
 
 
-def math_sdpa(q, k, v, attn_mask=None, dropout_p=0.0):
-    """Two matmuls in the model's precision (bf16: AMX or AVX512-BF16 kernels), scale, mask and softmax in
-    float32 (as the flash kernel accumulates)."""
-    s = torch.matmul(q, k.transpose(-1, -2)).float()
-    scale = q.shape[-1] ** -0.5
-    s = s.mul_(scale) if attn_mask is None else torch.add(attn_mask, s, alpha=scale)
-    return torch.matmul(s.softmax(-1).to(q.dtype), v)
+def use(m: RelevanceModel, kernel: str) -> None:
+    """The packed forward's attention kernel: "math" (model.bert.math_attention) or "sdpa" (the flash kernel)."""
+    for layer in m.module.bert.blocks:
+        layer.attn.math_attention = kernel == "math"
 
 
-SDPA = types.SimpleNamespace(**{k: getattr(F, k) for k in dir(F) if not k.startswith("__")})
-MATH = types.SimpleNamespace(**(vars(SDPA) | {"scaled_dot_product_attention": math_sdpa}))
-
-
-def run(m: RelevanceModel, batches, which) -> tuple[float, torch.Tensor]:
-    bert.F = which
+def run(m: RelevanceModel, batches, kernel: str) -> tuple[float, torch.Tensor]:
+    use(m, kernel)
     with torch.inference_mode():
         t0 = time.perf_counter()
         out = [m.logits(ids, seg) for ids, seg in batches]
         dt = time.perf_counter() - t0
-    bert.F = SDPA
     return 1e3 * dt / len(batches), torch.cat(out)
 
 
@@ -58,12 +50,12 @@ def bare(dtype: torch.dtype, b: int, t: int, reps: int = 200) -> dict:
     q, k, v = (torch.randn(b, 12, t, 32, generator=g).to(dtype) for _ in range(3))
     out = {}
     with torch.inference_mode():
-        for name, fn in (("flash SDPA", F.scaled_dot_product_attention), ("math", math_sdpa)):
-            fn(q, k, v)
+        for name, fn in (("flash SDPA", F.scaled_dot_product_attention), ("math", math_attention)):
+            fn(q, k, v, None)
             ts = []
             for _ in range(reps):
                 t0 = time.perf_counter()
-                fn(q, k, v)
+                fn(q, k, v, None)
                 ts.append(time.perf_counter() - t0)
             out[name] = 1e6 * statistics.median(ts)
     return out
@@ -84,6 +76,7 @@ def main() -> int:
     torch.set_num_threads(a.threads)
     m = RelevanceModel.load(a.model, dtype="auto")
     m.warm_up()
+    shipped = m.attention
     enc = m.encode(read_pairs(max(SIZES) * a.batches))
     data = {
         b: [(enc.input_ids[i : i + b], enc.token_type_ids[i : i + b]) for i in range(0, b * a.batches, b)]
@@ -94,14 +87,14 @@ def main() -> int:
         os.kill(a.pause_pid, signal.SIGSTOP)
     try:
         for b in SIZES:  # warm both once
-            run(m, data[b], SDPA)
-            run(m, data[b], MATH)
+            run(m, data[b], "sdpa")
+            run(m, data[b], "math")
         ms: dict[str, list[float]] = {f"{b}/{w}": [] for b in SIZES for w in ("sdpa", "math")}
         diff = {}
         for r in range(a.rounds):
             for b in SIZES:
                 for w in ("sdpa", "math") if r % 2 == 0 else ("math", "sdpa"):
-                    t, out = run(m, data[b], SDPA if w == "sdpa" else MATH)
+                    t, out = run(m, data[b], w)
                     ms[f"{b}/{w}"].append(t)
                     diff.setdefault(b, {})[w] = out
         kernels = {
@@ -128,6 +121,7 @@ def main() -> int:
         "machine": machine(),
         "command": command_line(),
         "dtype": m.dtype,
+        "shipped": shipped,
         "threads": a.threads,
         "rounds": a.rounds,
         "batches": a.batches,
@@ -141,8 +135,8 @@ def main() -> int:
         f"interleaved over {a.rounds} rounds (median ms per forward; speed-up = median of the per-round ratios).",
         f"- command: `{report['command']}`",
         "",
-        "| batch | flash SDPA (shipped) | math (2 matmuls + float32 softmax) | speed-up (range) | max abs logit diff "
-        "| same level |",
+        f"| batch | flash SDPA{' (shipped)' * (shipped == 'sdpa')} | math (2 matmuls + float32 softmax)"
+        f"{' (shipped)' * (shipped == 'math')} | speed-up (range) | max abs logit diff | same level |",
         "|---:|---:|---:|---:|---:|---:|",
     ]
     for b, r in res.items():

@@ -64,6 +64,16 @@ class Embeddings(nn.Module):
         return self.norm(self.word(p.ids) + self.token_type(p.segments) + self.position(p.positions))
 
 
+def math_attention(q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None) -> Tensor:
+    """Attention as two matmuls in the inputs' precision around a float32 softmax. On the short blocks of
+    the packed forward it beats torch's CPU flash kernel in bfloat16 where there is no AMX
+    (`model.kernels.math_attention_pays`): that kernel's per-block set-up outweighs the work."""
+    s = torch.matmul(q, k.transpose(-1, -2)).float()
+    scale = q.shape[-1] ** -0.5
+    s = s.mul_(scale) if bias is None else torch.add(bias, s, alpha=scale)
+    return torch.matmul(s.softmax(-1).to(q.dtype), v)
+
+
 class SelfAttention(nn.Module):
     """Multi-head self-attention over `len(heads)` heads (fewer than the config's after pruning)."""
 
@@ -82,6 +92,12 @@ class SelfAttention(nn.Module):
         # Instead of qkv in the last layer (model.kernels): q for the [CLS] rows apart from k/v for every token.
         self.cls_q: OneDNNLinear | nn.Linear | None = None
         self.cls_kv: OneDNNLinear | nn.Linear | None = None
+        self.math_attention = False  # the packed forward's kernel: set by model.kernels where it pays
+
+    def _attend(self, q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None) -> Tensor:
+        if self.math_attention:
+            return math_attention(q, k, v, bias)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=bias)
 
     def forward(
         self, x: Tensor, bias: Tensor, head_mask: Tensor | None, return_probs: bool
@@ -142,7 +158,7 @@ class SelfAttention(nn.Module):
         parts = []
         for g in p.groups:
             q, k, v = qkv.index_select(0, g.gather).view(g.b, g.t, 3, nh, hs).permute(2, 0, 3, 1, 4)
-            ctx = F.scaled_dot_product_attention(q, k, v, attn_mask=g.bias)  # (b, nh, t, hs)
+            ctx = self._attend(q, k, v, g.bias)  # (b, nh, t, hs)
             if head_mask is not None:
                 ctx = ctx * head_mask.view(1, nh, 1, 1).to(ctx.dtype)
             ctx = ctx.transpose(1, 2).reshape(g.b * g.t, nh * hs)
@@ -161,7 +177,7 @@ class SelfAttention(nn.Module):
         for g in p.groups:  # groups hold consecutive packed pairs, so their [CLS] rows follow `rows`
             k, v = kv.index_select(0, g.gather).view(g.b, g.t, 2, nh, hs).permute(2, 0, 3, 1, 4)
             qg = q[start : start + g.b].view(g.b, nh, 1, hs)
-            ctx = F.scaled_dot_product_attention(qg, k, v, attn_mask=g.bias)  # (b, nh, 1, hs)
+            ctx = self._attend(qg, k, v, g.bias)  # (b, nh, 1, hs)
             if head_mask is not None:
                 ctx = ctx * head_mask.view(1, nh, 1, 1).to(ctx.dtype)
             parts.append(ctx.reshape(g.b, nh * hs))

@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from model.bert import BertForRelevance, Layer
-from model.device import cpu_flags
+from model.device import cpu_flags, cpu_runs_bf16_natively
 from model.onednn import OneDNNLinear, onednn_available, probe
 from model.packing import token_buckets
 
@@ -18,7 +18,9 @@ log = logging.getLogger("qtrel.model")
 
 __all__ = [
     "OneDNNLinear",
+    "choose_attention",
     "install_cpu_kernels",
+    "math_attention_pays",
     "onednn_available",
     "onednn_pays",
     "probe",
@@ -34,6 +36,23 @@ def onednn_pays(dtype: torch.dtype) -> bool:
     nn.Linear ran 12-18% faster than oneDNN's packed float32 kernels on MiniLM's shapes (AMD EPYC Zen 3,
     docs/benchmarks.md), so the plain layers, fused, serve there."""
     return dtype != torch.float32 or "avx512f" in cpu_flags()
+
+
+def math_attention_pays(dtype: torch.dtype) -> bool:
+    """Whether the packed forward's attention runs faster as plain matmuls than in torch's flash kernel:
+    native bfloat16 without AMX (1.01-1.07x the whole forward on a Zen 4 with AVX512-BF16). With AMX
+    (Sapphire Rapids) it was 0.93-1.02x, so flash stays there, as in float32 and emulated bfloat16
+    (docs/benchmarks.md)."""
+    return dtype == torch.bfloat16 and cpu_runs_bf16_natively() and "amx_bf16" not in cpu_flags()
+
+
+def choose_attention(module: nn.Module, dtype: torch.dtype) -> str:
+    """Set the packed forward's attention kernel for this CPU and `dtype`; say which: "math" or "sdpa"."""
+    math = math_attention_pays(dtype)
+    for layer in module.modules():
+        if isinstance(layer, Layer):
+            layer.attn.math_attention = math
+    return "math" if math else "sdpa"
 
 
 def install_cpu_kernels(module: nn.Module, dtype: torch.dtype) -> str:

@@ -22,7 +22,7 @@ from model.checkpoint import CheckpointError, load_module, save_checkpoint
 from model.config import BertConfig
 from model.device import resolve_device, resolve_dtype
 from model.int8 import NO_VNNI, PLAN_FILE, Int8Plan, cpu_has_vnni
-from model.kernels import install_cpu_kernels, warm_linear_shapes
+from model.kernels import choose_attention, install_cpu_kernels, warm_linear_shapes
 from model.levels import DEFAULT_LEVELS, MAX_BATCH_TOKENS
 from model.packing import length_batches, token_slices
 from model.parallel import ForwardWorkers, batch_budget, run_batches, workers_for
@@ -39,6 +39,7 @@ log = logging.getLogger("qtrel.model")
 # float32 on MKL (the fused kernels): a forward over more packed tokens than this ran slower per pair, its
 # activations out of cache (AMD EPYC Zen 3: 117 pairs/s at 2,048-4,096 tokens, 99 at 8,192; docs/benchmarks.md)
 FUSED_FORWARD_TOKENS = 4096
+Ids = Sequence[Sequence[int]]  # a batch of encoded pairs' token (or segment) ids
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "int8": None}
 
 
@@ -105,11 +106,12 @@ class RelevanceModel:
             module = torch.ao.quantization.quantize_dynamic(module, {nn.Linear}, dtype=torch.qint8)
         else:
             module = module.to(self.device, DTYPES[dtype])
-        # describe() reports: onednn-packed, fused, plain, or plain (probe failed: ...)
-        self.cpu_kernels = "plain"
+        self.cpu_kernels = "plain"  # or onednn-packed, fused, plain (probe failed: ...), as describe() reports
+        self.attention = "sdpa"  # the packed forward's attention kernel (model.kernels.choose_attention)
         torch_dtype = DTYPES[dtype]  # None for int8
         if onednn and torch_dtype is not None and self.device.type == "cpu":
             self.cpu_kernels = install_cpu_kernels(module, torch_dtype)
+            self.attention = choose_attention(module, torch_dtype)
         self.onednn = self.cpu_kernels == "onednn-packed"
         # Without padding (model.packing.pack): measured on cpu only; cuda keeps padded batches.
         self.unpadded = unpadded and self.device.type == "cpu"
@@ -169,6 +171,7 @@ class RelevanceModel:
             "level_rule": self.rule.name,
             "level_cuts": None if self.rule.cuts is None else list(self.rule.cuts),
             "cpu_kernels": self.cpu_kernels,
+            "attention": self.attention,
             "inference": self.inference,
             "inference_reason": self.inference_reason,
             "inference_probe": self.inference_probe,
@@ -289,12 +292,7 @@ class RelevanceModel:
             logits = self._torch_logits(input_ids, token_type_ids, head_mask)
         return logits if raw else merge_classes(logits, self.class_levels)
 
-    def _torch_logits(
-        self,
-        input_ids: Sequence[Sequence[int]],
-        token_type_ids: Sequence[Sequence[int]],
-        head_mask: Tensor | None = None,
-    ) -> Tensor:
+    def _torch_logits(self, input_ids: Ids, token_type_ids: Ids, head_mask: Tensor | None = None) -> Tensor:
         """(B, classes) float32 logits on cpu from the torch module."""
         if self.unpadded:
             fused = self.cpu_kernels == "fused"
@@ -307,12 +305,7 @@ class RelevanceModel:
         logits, _ = self.module(ids.to(dev), seg.to(dev), mask.to(dev), head_mask, cls_only=True)
         return logits.float().cpu()
 
-    def probs(
-        self,
-        input_ids: Sequence[Sequence[int]],
-        token_type_ids: Sequence[Sequence[int]],
-        head_mask: Tensor | None = None,
-    ) -> Tensor:
+    def probs(self, input_ids: Ids, token_type_ids: Ids, head_mask: Tensor | None = None) -> Tensor:
         """(B, levels) float32 probabilities."""
         return self.logits(input_ids, token_type_ids, head_mask).softmax(-1)
 

@@ -192,3 +192,35 @@ def test_broken_private_ops_fall_back_to_the_plain_layers(tiny_checkpoint, unpac
     scored, plain = fallback.score(got), unpacked.score(want)
     assert torch.equal(scored.level, plain.level)
     torch.testing.assert_close(scored.expected, plain.expected, atol=ATOL, rtol=0)
+
+
+# --- the packed forward's attention kernel ------------------------------------------------------------
+def test_math_attention_pays_only_for_native_bfloat16_without_amx(monkeypatch):
+    """Plain matmuls instead of torch's flash kernel where an A/B measured them faster: bfloat16 on
+    AVX512-BF16 without AMX (Zen 4); flash with AMX, in float32 and where bfloat16 is emulated."""
+    for flags, native, want in (
+        ({"avx2", "avx512f", "avx512_bf16"}, True, True),
+        ({"avx2", "avx512f", "avx512_bf16", "amx_bf16"}, True, False),
+        ({"avx2"}, False, False),
+    ):
+        monkeypatch.setattr(kernel_layer, "cpu_flags", lambda f=flags: frozenset(f))
+        monkeypatch.setattr(kernel_layer, "cpu_runs_bf16_natively", lambda n=native: n)
+        assert kernel_layer.math_attention_pays(torch.bfloat16) is want
+        assert kernel_layer.math_attention_pays(torch.float32) is False
+
+
+@pytest.mark.parametrize("dtype, atol", [("float32", ATOL), ("bfloat16", 0.08)])
+def test_math_attention_and_flash_agree(tiny_checkpoint, unpacked, encoded, dtype, atol):
+    """The model describes the kernel this CPU chose; both kernels, forced in turn, give the reference's
+    logits (bfloat16: to its rounding), with and without a head mask."""
+    m = RelevanceModel.load(tiny_checkpoint, dtype=dtype)
+    assert m.describe()["attention"] == ("math" if kernel_layer.math_attention_pays(getattr(torch, dtype)) else "sdpa")
+    mask = torch.ones(2, 4)
+    mask[1, 0] = 0
+    for head_mask in (None, mask):
+        want = unpacked.logits(encoded.input_ids, encoded.token_type_ids, head_mask)
+        for math in (True, False):
+            for layer in m.module.bert.blocks:
+                layer.attn.math_attention = math
+            got = m.logits(encoded.input_ids, encoded.token_type_ids, head_mask)
+            torch.testing.assert_close(got, want, atol=atol, rtol=0)
