@@ -412,8 +412,7 @@ def main() -> int:
     }
     if m_bf.attention == "math":  # the flash kernel it replaced, in the same run (model.kernels.choose_attention)
         m_flash = RelevanceModel.load(a.model, dtype=prec)
-        for layer in m_flash.module.bert.blocks:
-            layer.attn.math_attention = False
+        m_flash.use_attention("sdpa")
         m_flash.warm_up()
         systems[f"qtrel default, flash attention ({short[prec]}, unpadded, {kernels(m_flash)})"] = qtrel_batches(
             m_flash, lists, batches, padded=False

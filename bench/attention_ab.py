@@ -1,7 +1,7 @@
 """A/B of the two attention kernels of qtrel's packed forward (issue 20): torch's
 `F.scaled_dot_product_attention` once per length group and layer (on CPU in bfloat16, the flash kernel)
 against `model.bert.math_attention` (two matmuls and a float32 softmax) for the same calls; the model's own
-switch (`math_attention` per layer) flips between them, and the report says which one this CPU ships
+switch (`RelevanceModel.use_attention`) flips between them, and the report says which one this CPU ships
 (`model.kernels.math_attention_pays`). Same batches of consecutive dev pairs as bench/forward_profile.py,
 the two interleaved per round, median and range; plus the bare kernels on one group's shape.
 
@@ -30,14 +30,8 @@ from model.relevance import RelevanceModel
 SIZES = (8, 19, 32)
 
 
-def use(m: RelevanceModel, kernel: str) -> None:
-    """The packed forward's attention kernel: "math" (model.bert.math_attention) or "sdpa" (the flash kernel)."""
-    for layer in m.module.bert.blocks:
-        layer.attn.math_attention = kernel == "math"
-
-
 def run(m: RelevanceModel, batches, kernel: str) -> tuple[float, torch.Tensor]:
-    use(m, kernel)
+    m.use_attention(kernel)
     with torch.inference_mode():
         t0 = time.perf_counter()
         out = [m.logits(ids, seg) for ids, seg in batches]

@@ -27,6 +27,7 @@ from safetensors.torch import save_file
 from torch import nn
 
 from model.checkpoint import load_module, ours_to_hf
+from model.relevance import pad_batch
 from model.tokenizer import PairTokenizer
 
 log = logging.getLogger("tapt")
@@ -108,15 +109,7 @@ def main() -> None:
             rng.shuffle(more)
             order += more
         batch, order = order[: a.batch_size], order[a.batch_size :]
-        t = max(len(e.input_ids[i]) for i in batch)
-        ids = torch.zeros(len(batch), t, dtype=torch.long)
-        seg = torch.zeros_like(ids)
-        att = torch.zeros_like(ids)
-        for j, i in enumerate(batch):
-            k = len(e.input_ids[i])
-            ids[j, :k] = torch.tensor(e.input_ids[i])
-            seg[j, :k] = torch.tensor(e.token_type_ids[i])
-            att[j, :k] = 1
+        ids, seg, att = pad_batch([e.input_ids[i] for i in batch], [e.token_type_ids[i] for i in batch], tok.pad_id)
         special = (ids == cls_id) | (ids == sep_id) | (att == 0)
         inp, labels = mask_batch(ids, special, vocab, mask_id, grng, a.mask)
         with torch.autocast("cpu", torch.bfloat16, enabled=a.autocast == "bfloat16"):

@@ -24,6 +24,7 @@ __all__ = [
     "onednn_available",
     "onednn_pays",
     "probe",
+    "set_attention",
     "use_fused_linears",
     "use_onednn_linears",
     "warm_linear_shapes",
@@ -46,13 +47,19 @@ def math_attention_pays(dtype: torch.dtype) -> bool:
     return dtype == torch.bfloat16 and cpu_runs_bf16_natively() and "amx_bf16" not in cpu_flags()
 
 
-def choose_attention(module: nn.Module, dtype: torch.dtype) -> str:
-    """Set the packed forward's attention kernel for this CPU and `dtype`; say which: "math" or "sdpa"."""
-    math = math_attention_pays(dtype)
+def set_attention(module: nn.Module, kind: str) -> str:
+    """Set the packed forward's attention kernel of every layer: "math" or "sdpa" (torch's flash kernel)."""
+    if kind not in ("math", "sdpa"):
+        raise ValueError(f"attention must be 'math' or 'sdpa', not {kind!r}")
     for layer in module.modules():
         if isinstance(layer, Layer):
-            layer.attn.math_attention = math
-    return "math" if math else "sdpa"
+            layer.attn.math_attention = kind == "math"
+    return kind
+
+
+def choose_attention(module: nn.Module, dtype: torch.dtype) -> str:
+    """Set the packed forward's attention kernel for this CPU and `dtype`; say which: "math" or "sdpa"."""
+    return set_attention(module, "math" if math_attention_pays(dtype) else "sdpa")
 
 
 def install_cpu_kernels(module: nn.Module, dtype: torch.dtype) -> str:

@@ -22,7 +22,7 @@ from model.checkpoint import CheckpointError, load_module, save_checkpoint
 from model.config import BertConfig
 from model.device import resolve_device, resolve_dtype
 from model.int8 import NO_VNNI, PLAN_FILE, Int8Plan, cpu_has_vnni
-from model.kernels import choose_attention, install_cpu_kernels, warm_linear_shapes
+from model.kernels import choose_attention, install_cpu_kernels, set_attention, warm_linear_shapes
 from model.levels import DEFAULT_LEVELS, MAX_BATCH_TOKENS
 from model.packing import length_batches, token_slices
 from model.parallel import ForwardWorkers, batch_budget, run_batches, workers_for
@@ -260,6 +260,10 @@ class RelevanceModel:
             for size in (1, 8):
                 ids = [[self.tokenizer.cls_id] + [1000 % vocab] * (length - 2) + [self.tokenizer.sep_id]] * size
                 self.logits(ids, [[0] * length] * size)
+
+    def use_attention(self, kind: str) -> None:
+        """The packed forward's attention kernel, "math" or "sdpa", whatever this CPU would choose (A/Bs)."""
+        self.attention = set_attention(self.module, kind)
 
     def save(self, path: str | Path, dtype: torch.dtype | None = None) -> None:
         if self.dtype == "int8" or self.cpu_kernels in ("onednn-packed", "fused"):

@@ -219,8 +219,10 @@ def test_math_attention_and_flash_agree(tiny_checkpoint, unpacked, encoded, dtyp
     mask[1, 0] = 0
     for head_mask in (None, mask):
         want = unpacked.logits(encoded.input_ids, encoded.token_type_ids, head_mask)
-        for math in (True, False):
-            for layer in m.module.bert.blocks:
-                layer.attn.math_attention = math
+        for kind in ("math", "sdpa"):
+            m.use_attention(kind)
+            assert m.describe()["attention"] == kind
             got = m.logits(encoded.input_ids, encoded.token_type_ids, head_mask)
             torch.testing.assert_close(got, want, atol=atol, rtol=0)
+    with pytest.raises(ValueError, match="'math' or 'sdpa'"):
+        m.use_attention("flash")
