@@ -2,13 +2,15 @@
 machine's native precision, unpadded, oneDNN linears) at batches of 8, 19 and 32 real dev pairs.
 
 Batches are consecutive dev pairs in file order (a server's mix of lengths, not length-sorted). Each op's
-self time goes to one share: the matmuls (oneDNN linears, addmm), attention's SDPA kernel, the gathers
-and layout work around it, LayerNorm, residual adds, GELU, embeddings, building the packing, and Python
-(the self time of our own record_function scopes: the forward, each layer's attention loop, `pack`).
+self time goes to one share: the matmuls (oneDNN linears, addmm), the attention kernel (torch's SDPA
+kernel, or the two matmuls and float32 softmax of `model.bert.math_attention` where that is the CPU's
+choice), the gathers and layout work around it, LayerNorm, residual adds, GELU, embeddings, building
+the packing, and Python (the self time of our own record_function scopes: the forward, each layer's
+attention loop, `pack`).
 The wall time of the same forwards without the profiler is beside it, at 2 threads and at 1 thread
 (the thread layout: two 1-thread processes against one 2-thread one).
 
-  python bench/forward_profile.py --model model/default [--pause-pid PID]
+  python bench/forward_profile.py --model model/default [--pause-pid PID] [--pause-match 'qtrel train']
 """
 
 from __future__ import annotations
@@ -16,8 +18,6 @@ from __future__ import annotations
 import argparse
 import functools
 import json
-import os
-import signal
 import statistics
 import time
 import warnings
@@ -25,7 +25,7 @@ from collections import defaultdict
 from pathlib import Path
 
 import torch
-from anchors import isa, isa_line, slug_of
+from anchors import Pause, isa, isa_line, slug_of
 from model_speed import read_pairs
 from results import DOCS, command_line, machine, publish, update_section
 from torch.profiler import ProfilerActivity, profile, record_function
@@ -65,15 +65,18 @@ LAYOUT = {
 }
 
 
+ATTENTION_KERNEL = "attention kernel (SDPA or math)"
+
+
 def share_of(e, scopes: list[str]) -> str:
+    if "qtrel::math_attention" in scopes or "scaled_dot_product" in e.name:
+        return ATTENTION_KERNEL
     if "qtrel::pack" in scopes:
         return "packing (model.packing.pack)"
     if e.name.startswith("qtrel::"):
         return "Python: attention loop per group" if e.name == "qtrel::attention" else "Python: rest of the forward"
     if e.name in MATMUL:
         return "matmuls (linears)"
-    if "scaled_dot_product" in e.name:
-        return "attention SDPA kernel"
     if e.name in LAYOUT:
         return "attention gathers/layout" if "qtrel::attention" in scopes else "other layout/copies"
     if "layer_norm" in e.name:
@@ -100,6 +103,7 @@ def instrument() -> None:
     """Named scopes on the model's Python without touching model/: the packing, each layer's attention
     (its loop over length groups), the embeddings, the whole forward."""
     bert.pack = scoped("qtrel::pack", bert.pack)
+    bert.math_attention = scoped("qtrel::math_attention", bert.math_attention)  # _attend looks it up per call
     bert.SelfAttention.forward_packed = scoped("qtrel::attention", bert.SelfAttention.forward_packed)
     bert.Embeddings.forward_packed = scoped("qtrel::embeddings", bert.Embeddings.forward_packed)
     bert.BertForRelevance.forward_packed = scoped("qtrel::forward", bert.BertForRelevance.forward_packed)
@@ -160,7 +164,8 @@ def main() -> int:
     p.add_argument("--model", type=Path, default=Path("model/default"))
     p.add_argument("--batches", type=int, default=24, help="batches per size")
     p.add_argument("--rounds", type=int, default=3, help="interleaved rounds of the 1- and 2-thread timings")
-    p.add_argument("--pause-pid", type=int)
+    p.add_argument("--pause-pid", type=int, nargs="+", help="SIGSTOP these processes while measuring")
+    p.add_argument("--pause-match", help="SIGSTOP, likewise, the processes whose command line matches (pgrep -f)")
     p.add_argument("--threads", type=int, default=1, help="torch threads of the profiled forwards")
     p.add_argument("--quick", action="store_true")
     p.add_argument("--render", type=Path, help="only re-render the docs section from this JSON")
@@ -195,10 +200,9 @@ def main() -> int:
         "sizes": {},
         "threads": {},
         "profile_threads": a.threads,
+        "attention": m.attention,
     }
-    if a.pause_pid:
-        os.kill(a.pause_pid, signal.SIGSTOP)
-    try:
+    with Pause(a.pause_pid, limit=float("inf"), match=a.pause_match):
         torch.set_num_threads(a.threads)
         for b in SIZES:
             r = profile_size(m, data[b])
@@ -215,9 +219,6 @@ def main() -> int:
             for b in SIZES:
                 for t in (1, 2) if r % 2 == 0 else (2, 1):
                     times[f"{b}/{t}"].append(wall_ms(m, data[b], t))
-    finally:
-        if a.pause_pid:
-            os.kill(a.pause_pid, signal.SIGCONT)
     for b in SIZES:
         one, two = statistics.median(times[f"{b}/1"]), statistics.median(times[f"{b}/2"])
         report["threads"][b] = {
@@ -242,7 +243,8 @@ def render(r: dict) -> str:
     lines = [
         f"### Where qtrel's default forward spends its time (`bench/forward_profile.py`, {r['machine']['date']})",
         "",
-        f"torch.profiler, {r['dtype']}, unpadded, kernels {r['cpu_kernels']}, {r['profile_threads']} torch "
+        f"torch.profiler, {r['dtype']}, unpadded, kernels {r['cpu_kernels']}, attention {r.get('attention', 'sdpa')}, "
+        f"{r['profile_threads']} torch "
         "thread(s); each batch size runs "
         f"{r['sizes'][sizes[0]]['batches']} batches of consecutive dev pairs (file order: a server's mix of lengths). "
         "Share of the profiled op time (self time per op; `Python` is the self time of our own scopes).",
@@ -257,7 +259,7 @@ def render(r: dict) -> str:
         "| op time per forward, ms | " + " | ".join(f"{s['op_ms_per_forward']:.1f}" for s in r["sizes"].values()) + " |"
     )
     lines.append(
-        "| attention groups per batch (SDPA calls per layer) | "
+        "| attention groups per batch (kernel calls per layer) | "
         + " | ".join(f"{s['attention_groups_per_batch']:.1f}" for s in r["sizes"].values())
         + " |"
     )

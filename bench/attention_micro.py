@@ -1,0 +1,116 @@
+"""The attention kernel alone, on the packed forward's block shapes (issue 20): where its time goes and
+which variants of `model.bert.math_attention` were tried.
+
+One block is b pairs × t tokens × 12 heads of 32 (MiniLM), in bfloat16, 1 thread; with `pad`, a fifth of
+the keys are masked as `model.packing` masks them. Variants, each timed interleaved (median of rounds):
+  math      the shipped kernel: bf16 q·kᵀ, scores cast to float32, scale (+ mask), softmax, cast, bf16 p·v
+  bf16-sm   the same with the softmax in bfloat16 (torch computes it in float32 inside, no casts outside)
+  q-scaled  the scale folded into q, then as bf16-sm
+  sdpa      torch's scaled_dot_product_attention (the flash kernel on CPU)
+  contig    the shipped kernel on contiguous copies of q, k and v (the copies timed)
+`err` is the largest difference from the float32 reference. Then the shipped kernel's steps, timed apart.
+
+  python bench/attention_micro.py [--rounds 7] [--calls 200]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+import torch.nn.functional as F
+
+from model.bert import math_attention
+
+SHAPES = ((6, 27, False), (6, 40, True), (12, 20, False), (3, 60, True))  # b, t, padded
+
+
+def bf16_softmax(q, k, v, bias):
+    s = torch.matmul(q, k.transpose(-1, -2))
+    s = s.mul_(q.shape[-1] ** -0.5) if bias is None else torch.add(bias, s, alpha=q.shape[-1] ** -0.5)
+    return torch.matmul(s.softmax(-1), v)
+
+
+def q_scaled(q, k, v, bias):
+    s = torch.matmul(q * q.shape[-1] ** -0.5, k.transpose(-1, -2))
+    return torch.matmul((s if bias is None else s.add_(bias)).softmax(-1), v)
+
+
+def sdpa(q, k, v, bias):
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=bias)
+
+
+def contiguous(q, k, v, bias):
+    return math_attention(q.contiguous(), k.contiguous(), v.contiguous(), bias)
+
+
+VARIANTS = {
+    "math": math_attention,
+    "bf16-sm": bf16_softmax,
+    "q-scaled": q_scaled,
+    "sdpa": sdpa,
+    "contig": contiguous,
+}
+
+
+def block(b: int, t: int, pad: bool):
+    qkv = torch.randn(b * t, 3 * 384).bfloat16()
+    q, k, v = qkv.view(b, t, 3, 12, 32).permute(2, 0, 3, 1, 4)  # as forward_packed slices them
+    if not pad:
+        return q, k, v, None
+    keep = torch.rand(b, t) > 0.2
+    keep[:, 0] = True
+    low = torch.finfo(torch.bfloat16).min
+    return q, k, v, torch.zeros(b, 1, 1, t, dtype=torch.bfloat16).masked_fill(~keep[:, None, None, :], low)
+
+
+def micros(f, calls: int) -> float:
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        f()
+    return (time.perf_counter() - t0) / calls * 1e6
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--rounds", type=int, default=7)
+    p.add_argument("--calls", type=int, default=200)
+    a = p.parse_args()
+    torch.set_num_threads(1)
+    for b, t, pad in SHAPES:
+        q, k, v, bias = block(b, t, pad)
+        ref = math_attention(q.float(), k.float(), v.float(), None if bias is None else bias.float())
+        runs = {n: (f, (q, k, v, bias)) for n, f in VARIANTS.items()}
+        times: dict[str, list[float]] = {n: [] for n in runs}
+        for _ in range(a.rounds):
+            for n, (f, x) in runs.items():
+                times[n].append(micros(lambda f=f, x=x: f(*x), a.calls))
+        row = ", ".join(
+            f"{n} {statistics.median(x):.0f} µs (err {(runs[n][0](*runs[n][1]).float() - ref).abs().max():.3f})"
+            for n, x in times.items()
+        )
+        print(f"b={b} t={t}{' padded' if pad else ''}: {row}")
+    q, k, v, _ = block(6, 27, False)
+    s = torch.matmul(q, k.transpose(-1, -2))
+    s32 = s.float()
+    p32 = s32.softmax(-1)
+    p16 = p32.bfloat16()
+    s32_wide = torch.randn(6, 12, 27, 32)  # the same rows, 32 wide: whole AVX-512 vectors
+    steps = {
+        "q·kᵀ": lambda: torch.matmul(q, k.transpose(-1, -2)),
+        "cast to float32": lambda: s.float(),
+        "scale": lambda: s32.mul(0.1768),
+        "softmax float32": lambda: s32.softmax(-1),
+        "the same on rows of 32": lambda: s32_wide.softmax(-1),
+        "cast to bf16": lambda: p32.bfloat16(),
+        "p·v": lambda: torch.matmul(p16, v),
+    }
+    med = {n: statistics.median(micros(f, a.calls) for _ in range(a.rounds)) for n, f in steps.items()}
+    print("the shipped kernel's steps, b=6 t=27: " + ", ".join(f"{n} {x:.0f} µs" for n, x in med.items()))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
