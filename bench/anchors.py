@@ -559,6 +559,14 @@ def main() -> int:
     return 0
 
 
+def load_note(r: dict) -> str:
+    """What else ran: a paused process counts in the load average but took no CPU while timed."""
+    paused = [str(p) for p in r.get("paused_pid") or []] + ([f"'{r['paused_match']}'"] if r.get("paused_match") else [])
+    if paused:
+        return f"other jobs ({', '.join(paused)}) stopped with SIGSTOP for the timed part of each repeat"
+    return "whatever else ran on the machine shared its cores (nothing was paused)"
+
+
 def render(r: dict, title: str) -> str:
     m = r["machine"]
     pr = r["probe_gflops"]
@@ -580,9 +588,10 @@ def render(r: dict, title: str) -> str:
         ),
         f"- useful FLOPs count real tokens only: {r['useful_gflop_per_pass']:.0f} GFLOP per pass of "
         f"{r['tokens']} tokens.",
-        "- load: the machine was shared (other sessions' tests and benchmarks); 1-minute load average after each "
-        "repeat: " + ", ".join(f"{x['loadavg_1min_after']:.1f}" for x in r["load"]) + ". Pairs per CPU-second "
-        "(this process's user+sys time, OpenMP spin included) is beside the wall-clock rate.",
+        f"- load: {load_note(r)}; 1-minute load average after each repeat: "
+        + ", ".join(f"{x['loadavg_1min_after']:.1f}" for x in r["load"])
+        + ". Pairs per CPU-second (this process's user+sys time, OpenMP spin included) is beside the wall-clock "
+        "rate.",
         "",
         "| system | precision | pairs/s | useful GFLOP/s | share of the probe | × best anchor, same precision "
         "(of medians; per repeat: median, range) | pairs per CPU-s | × best anchor per CPU-s |",
