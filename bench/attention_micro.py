@@ -8,6 +8,10 @@ the keys are masked as `model.packing` masks them. Variants, each timed interlea
   q-scaled  the scale folded into q, then as bf16-sm
   sdpa      torch's scaled_dot_product_attention (the flash kernel on CPU)
   contig    the shipped kernel on contiguous copies of q, k and v (the copies timed)
+  jagged    torch's SDPA on jagged nested tensors of the block's pairs (no mask needed; building them
+            not timed, so a bound in its favour)
+torch's `varlen_attn` (packed rows, no padding: what the packed forward would want) is tried once; on
+torch 2.13 it has no CPU kernel.
 `err` is the largest difference from the float32 reference. Then the shipped kernel's steps, timed apart.
 
   python bench/attention_micro.py [--rounds 7] [--calls 200]
@@ -18,6 +22,7 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
+import warnings
 
 import torch
 import torch.nn.functional as F
@@ -46,6 +51,17 @@ def contiguous(q, k, v, bias):
     return math_attention(q.contiguous(), k.contiguous(), v.contiguous(), bias)
 
 
+def jagged(q, k, v, bias):
+    keep = None if bias is None else bias[:, 0, 0] == 0  # (b, t): the keys a pair really has
+
+    def nest(x):  # (b, heads, t, d) -> jagged (b, heads, t_i, d), each pair at its own length
+        rows = [x[i].transpose(0, 1) if keep is None else x[i].transpose(0, 1)[keep[i]] for i in range(len(x))]
+        return torch.nested.nested_tensor(rows, layout=torch.jagged).transpose(1, 2)
+
+    nq, nk, nv = nest(q), nest(k), nest(v)
+    return lambda: F.scaled_dot_product_attention(nq, nk, nv)
+
+
 VARIANTS = {
     "math": math_attention,
     "bf16-sm": bf16_softmax,
@@ -53,6 +69,20 @@ VARIANTS = {
     "sdpa": sdpa,
     "contig": contiguous,
 }
+
+
+def varlen_on_cpu() -> str:
+    try:
+        from torch.nn.attention.varlen import varlen_attn
+    except ImportError as e:
+        return f"not in this torch ({e})"
+    x = torch.randn(54, 12, 32).bfloat16()
+    cu = torch.tensor([0, 27, 54], dtype=torch.int32)
+    try:
+        varlen_attn(x, x, x, cu, cu, 27, 27)
+    except (NotImplementedError, RuntimeError) as e:
+        return f"fails: {type(e).__name__}: {str(e).splitlines()[0][:120]}"
+    return "runs"
 
 
 def block(b: int, t: int, pad: bool):
@@ -64,6 +94,14 @@ def block(b: int, t: int, pad: bool):
     keep[:, 0] = True
     low = torch.finfo(torch.bfloat16).min
     return q, k, v, torch.zeros(b, 1, 1, t, dtype=torch.bfloat16).masked_fill(~keep[:, None, None, :], low)
+
+
+def err(run, ref: torch.Tensor, bias) -> str:
+    """Largest difference from the float32 reference."""
+    out = run[0](*run[1])
+    if out.is_nested:  # rows at their own lengths: comparable where no key was masked
+        out = torch.stack(out.transpose(1, 2).unbind()).transpose(1, 2) if bias is None else None
+    return "n/a" if out is None else f"{(out.float() - ref).abs().max():.3f}"
 
 
 def micros(f, calls: int) -> float:
@@ -79,18 +117,18 @@ def main() -> int:
     p.add_argument("--calls", type=int, default=200)
     a = p.parse_args()
     torch.set_num_threads(1)
+    warnings.filterwarnings("ignore", message=".*nested tensors.*")
+    print(f"torch {torch.__version__}: varlen_attn on CPU {varlen_on_cpu()}")
     for b, t, pad in SHAPES:
         q, k, v, bias = block(b, t, pad)
         ref = math_attention(q.float(), k.float(), v.float(), None if bias is None else bias.float())
         runs = {n: (f, (q, k, v, bias)) for n, f in VARIANTS.items()}
+        runs["jagged"] = (lambda f: f(), (jagged(q, k, v, bias),))
         times: dict[str, list[float]] = {n: [] for n in runs}
         for _ in range(a.rounds):
             for n, (f, x) in runs.items():
                 times[n].append(micros(lambda f=f, x=x: f(*x), a.calls))
-        row = ", ".join(
-            f"{n} {statistics.median(x):.0f} µs (err {(runs[n][0](*runs[n][1]).float() - ref).abs().max():.3f})"
-            for n, x in times.items()
-        )
+        row = ", ".join(f"{n} {statistics.median(x):.0f} µs (err {err(runs[n], ref, bias)})" for n, x in times.items())
         print(f"b={b} t={t}{' padded' if pad else ''}: {row}")
     q, k, v, _ = block(6, 27, False)
     s = torch.matmul(q, k.transpose(-1, -2))
