@@ -14,10 +14,10 @@ judged pairs (no negatives) and scored on dev's:
 Every head's score is mapped to the 1..3 scale (expected level: 1 + (E − 1) / 2) and its RMSE against the
 raters reported as is and after a monotone map fitted on one half of dev's queries and applied to the other
 (`isotonic`), which removes any miscalibration and leaves what the ranking of pairs allows. A final row fits
-the softmax head on dev itself, cross-fitted by query halves: how far a linear readout of these features
-can go at all.
+the cumulative head on dev itself, cross-fitted by query halves (3,600 pairs for 384 weights: it overfits,
+so the train fits are the fair ones).
 
-    python bench/frozen_heads.py model/default [--threads 1]
+    cd bench && python frozen_heads.py ../model/default [--threads 1] [--out FILE.json]
 """
 
 from __future__ import annotations
