@@ -10,11 +10,13 @@ the keys are masked as `model.packing` masks them. Variants, each timed interlea
   contig    the shipped kernel on contiguous copies of q, k and v (the copies timed)
   jagged    torch's SDPA on jagged nested tensors of the block's pairs (no mask needed; building them
             not timed, so a bound in its favour)
-torch's `varlen_attn` (packed rows, no padding: what the packed forward would want) is tried once; on
-torch 2.13 it has no CPU kernel.
+  flex      (with --flex) flex_attention compiled by inductor (a C++ kernel, built at first call) on the
+            block as packed rows, (1, heads, b·t, 32), with a block mask that keeps each pair to itself:
+            the fused kernel over packed rows that the forward would want
+torch's `varlen_attn` (packed rows, no padding) is tried once; on torch 2.13 it has no CPU kernel.
 `err` is the largest difference from the float32 reference. Then the shipped kernel's steps, timed apart.
 
-  python bench/attention_micro.py [--rounds 7] [--calls 200]
+  python bench/attention_micro.py [--rounds 7] [--calls 200] [--flex]
 """
 
 from __future__ import annotations
@@ -71,6 +73,22 @@ VARIANTS = {
 }
 
 
+def flex(q, k, v, bias, compiled):
+    """flex_attention over the block as packed rows; unpadded blocks only (a padded pair's keys would need
+    its real length in the mask, which this micro benchmark does not model)."""
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    b, h, t, d = q.shape
+    pair = torch.arange(b).repeat_interleave(t)
+    mask = create_block_mask(lambda _b, _h, i, j: pair[i] == pair[j], None, None, b * t, b * t, device="cpu")
+    qp, kp, vp = (x.transpose(1, 2).reshape(1, b * t, h, d).transpose(1, 2).contiguous() for x in (q, k, v))
+
+    def run():
+        return compiled(qp, kp, vp, block_mask=mask).view(h, b, t, d).transpose(0, 1)
+
+    return run
+
+
 def varlen_on_cpu() -> str:
     try:
         from torch.nn.attention.varlen import varlen_attn
@@ -115,15 +133,25 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--rounds", type=int, default=7)
     p.add_argument("--calls", type=int, default=200)
+    p.add_argument("--flex", action="store_true", help="also flex_attention (compiles a kernel per shape)")
     a = p.parse_args()
     torch.set_num_threads(1)
     warnings.filterwarnings("ignore", message=".*nested tensors.*")
     print(f"torch {torch.__version__}: varlen_attn on CPU {varlen_on_cpu()}")
+    compiled = None
+    if a.flex:
+        from torch.nn.attention.flex_attention import flex_attention
+
+        compiled = torch.compile(flex_attention, dynamic=False)
     for b, t, pad in SHAPES:
         q, k, v, bias = block(b, t, pad)
         ref = math_attention(q.float(), k.float(), v.float(), None if bias is None else bias.float())
         runs = {n: (f, (q, k, v, bias)) for n, f in VARIANTS.items()}
         runs["jagged"] = (lambda f: f(), (jagged(q, k, v, bias),))
+        if compiled is not None and bias is None:
+            runs["flex"] = (lambda f: f(), (flex(q, k, v, bias, compiled),))
+        for f, x in runs.values():  # warm: flex compiles its kernel here
+            f(*x)
         times: dict[str, list[float]] = {n: [] for n in runs}
         for _ in range(a.rounds):
             for n, (f, x) in runs.items():
