@@ -410,13 +410,15 @@ def main() -> int:
         f"qtrel padded ({short[prec]}, {kernels(m_pad)})": qtrel_batches(m_pad, lists, batches, padded=True),
         f"qtrel own batches ({short[prec]}, encoded_logits, 8192 tokens{layout(m_bf)})": qtrel_own(m_bf, enc, order),
     }
-    if m_bf.attention == "math":  # the flash kernel it replaced, in the same run (model.kernels.choose_attention)
-        m_flash = RelevanceModel.load(a.model, dtype=prec)
-        m_flash.use_attention("sdpa")
-        m_flash.warm_up()
-        systems[f"qtrel default, flash attention ({short[prec]}, unpadded, {kernels(m_flash)})"] = qtrel_batches(
-            m_flash, lists, batches, padded=False
-        )
+    # the attention kernel this CPU does not ship, in the same run (model.kernels.choose_attention)
+    other = "sdpa" if m_bf.attention == "math" else "math"
+    m_other = RelevanceModel.load(a.model, dtype=prec)
+    m_other.use_attention(other)
+    m_other.warm_up()
+    other_name = {"sdpa": "flash attention", "math": "math attention"}[other]
+    systems[f"qtrel default, {other_name} ({short[prec]}, unpadded, {kernels(m_other)})"] = qtrel_batches(
+        m_other, lists, batches, padded=False
+    )
     if m_bf.forward_workers() is not None:
         systems[f"qtrel default, batches of 32 on workers ({short[prec]}{layout(m_bf)})"] = qtrel_workers(m_bf, lists)
     precision = {n: prec for n in systems}
