@@ -11,9 +11,11 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
+from itertools import chain
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import numpy as np
 import torch
 from torch import Tensor, nn
 
@@ -55,18 +57,16 @@ class PairScore:
 def pad_batch(
     input_ids: Sequence[Sequence[int]], token_type_ids: Sequence[Sequence[int]], pad_id: int = 0
 ) -> tuple[Tensor, Tensor, Tensor]:
-    """Right-pad to the longest pair: (ids, segments, mask), each (B, T) int64."""
-    T = max(len(x) for x in input_ids)
-    B = len(input_ids)
-    ids = torch.full((B, T), pad_id, dtype=torch.long)
-    seg = torch.zeros((B, T), dtype=torch.long)
-    mask = torch.zeros((B, T), dtype=torch.long)
-    for i, (x, s) in enumerate(zip(input_ids, token_type_ids)):
-        n = len(x)
-        ids[i, :n] = torch.tensor(x)
-        seg[i, :n] = torch.tensor(s)
-        mask[i, :n] = 1
-    return ids, seg, mask
+    """Right-pad to the longest pair: (ids, segments, mask), each (B, T) int64. One flat copy of every
+    token, scattered under the mask: a tensor per pair cost ~28 us a pair, which a GPU waited on."""
+    lengths = np.fromiter(map(len, input_ids), dtype=np.int64, count=len(input_ids))
+    keep = np.arange(lengths.max(initial=0)) < lengths[:, None]  # (B, T), row-major: each row's tokens in order
+    n = int(lengths.sum())
+    ids = np.full(keep.shape, pad_id, dtype=np.int64)
+    ids[keep] = np.fromiter(chain.from_iterable(input_ids), dtype=np.int64, count=n)
+    seg = np.zeros(keep.shape, dtype=np.int64)
+    seg[keep] = np.fromiter(chain.from_iterable(token_type_ids), dtype=np.int64, count=n)
+    return torch.from_numpy(ids), torch.from_numpy(seg), torch.from_numpy(keep.astype(np.int64))
 
 
 class RelevanceModel:
@@ -278,9 +278,10 @@ class RelevanceModel:
         token_type_ids: Sequence[Sequence[int]],
         head_mask: Tensor | None = None,
         raw: bool = False,
+        on_device: bool = False,
     ) -> Tensor:
-        """One forward pass over a batch of encoded pairs -> (B, levels) float32 logits on cpu; `raw`: one
-        per class of the head, before extra classes are merged into their levels (calibration)."""
+        """One forward pass over a batch of encoded pairs -> (B, levels) float32 logits on cpu (`on_device`: left
+        on the model's device); `raw`: one per class of the head, before extra classes are merged (calibration)."""
         logits = None
         ov = self._openvino
         if ov is not None and head_mask is None and ov.runs(input_ids, token_type_ids):
@@ -293,11 +294,11 @@ class RelevanceModel:
                         "OpenVINO failed on a batch, torch answered it (logged once): %s: %s", type(e).__name__, e
                     )
         if logits is None:
-            logits = self._torch_logits(input_ids, token_type_ids, head_mask)
+            logits = self._torch_logits(input_ids, token_type_ids, head_mask, on_device)
         return logits if raw else merge_classes(logits, self.class_levels)
 
-    def _torch_logits(self, input_ids: Ids, token_type_ids: Ids, head_mask: Tensor | None = None) -> Tensor:
-        """(B, classes) float32 logits on cpu from the torch module."""
+    def _torch_logits(self, input_ids: Ids, token_type_ids: Ids, head_mask: Tensor | None = None, gpu=False) -> Tensor:
+        """(B, classes) float32 logits on cpu (`gpu`: left on the device) from the torch module."""
         if self.unpadded:
             fused = self.cpu_kernels == "fused"
             parts = token_slices([len(x) for x in input_ids], FUSED_FORWARD_TOKENS) if fused else [slice(None)]
@@ -307,7 +308,7 @@ class RelevanceModel:
         ids, seg, mask = pad_batch(input_ids, token_type_ids, self.tokenizer.pad_id)
         dev = self.device
         logits, _ = self.module(ids.to(dev), seg.to(dev), mask.to(dev), head_mask, cls_only=True)
-        return logits.float().cpu()
+        return logits.float() if gpu else logits.float().cpu()
 
     def probs(self, input_ids: Ids, token_type_ids: Ids, head_mask: Tensor | None = None) -> Tensor:
         """(B, levels) float32 probabilities."""
@@ -338,10 +339,12 @@ class RelevanceModel:
 
         def forward(batch: list[int]) -> Tensor:
             ids, segs = [enc.input_ids[i] for i in batch], [enc.token_type_ids[i] for i in batch]
-            return self.logits(ids, segs, head_mask, raw)
+            return self.logits(ids, segs, head_mask, raw, on_device=True)
 
-        for batch, got in zip(batches, run_batches(pool, forward, batches)):
-            out[batch] = got
+        got = run_batches(pool, forward, batches)
+        # one copy at the end: on cuda the host pads the next batch while the device runs this one
+        for batch, x in zip(batches, torch.cat(got).cpu().split([len(b) for b in batches]) if got else []):
+            out[batch] = x
         return out
 
     def forward_workers(self, torch_only: bool = False) -> ForwardWorkers | None:

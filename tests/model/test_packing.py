@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from model.packing import pack, token_bucket, token_buckets, token_slices
-from model.relevance import RelevanceModel
+from model.relevance import RelevanceModel, pad_batch
 from tests.conftest import make_tiny_checkpoint, read_pairs
 
 ATOL = 1e-5
@@ -18,6 +18,20 @@ def test_token_buckets_are_few_tight_and_cover_every_count():
     for n in range(1, 8193):
         b = token_bucket(n)
         assert n <= b <= n * 1.125 + 15 and b in ladder
+
+
+def test_pad_batch_right_pads_every_pair_to_the_longest():
+    ids = [[101, 5, 6, 102], [101, 7, 102], [101, 8, 9, 10, 11, 102], [101, 102]]
+    seg = [[0, 0, 1, 1], [0, 0, 1], [0, 0, 0, 1, 1, 1], [0, 1]]
+    got_ids, got_seg, got_mask = pad_batch(ids, seg, pad_id=7)
+    for g in (got_ids, got_seg, got_mask):
+        assert g.shape == (4, 6) and g.dtype == torch.long
+    for i, (x, s) in enumerate(zip(ids, seg)):
+        n = len(x)
+        assert got_ids[i].tolist() == x + [7] * (6 - n)
+        assert got_seg[i].tolist() == s + [0] * (6 - n)
+        assert got_mask[i].tolist() == [1] * n + [0] * (6 - n)
+    assert [t.shape for t in pad_batch([], [])] == [(0, 0)] * 3
 
 
 def test_pack_lays_pairs_out_without_padding():
