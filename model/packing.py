@@ -9,7 +9,9 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from itertools import chain
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -70,46 +72,42 @@ def pack(
     length is at least `ratio` of the block's longest, so a block is at most ~1/ratio padded.
     Padding costs twice on CPU: in the service's batches of concurrent one-pair requests, 30-40% of the
     padded tokens were padding, and attention took a third of the forward (docs/design.md)."""
-    lengths = [len(x) for x in input_ids]
-    if not lengths or min(lengths) == 0:
+    lengths = np.fromiter(map(len, input_ids), dtype=np.int64, count=len(input_ids))
+    if not len(lengths) or lengths.min() == 0:
         raise ValueError("every pair needs at least one token")
-    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
-    lens = [lengths[i] for i in order]
-    flat_ids = [t for i in order for t in input_ids[i]]
-    flat_seg = [t for i in order for t in token_type_ids[i]]
-    starts, acc = [], 0
-    for n in lens:
-        starts.append(acc)
-        acc += n
+    # numpy throughout, one tensor per field: per-pair tensors cost ~1 ms a served batch of 32 (Zen 3)
+    order = np.argsort(-lengths, kind="stable")  # longest first, ties in batch order
+    lens = lengths[order]
+    starts = np.cumsum(lens) - lens
+    acc = int(lens.sum())
     spare = token_bucket(acc) - acc  # filler rows: computed by the linear layers, never attended to or read
-    flat_ids += [0] * spare
-    flat_seg += [0] * spare
-    positions = torch.cat([torch.arange(n) for n in lens] + [torch.zeros(spare, dtype=torch.long)])
+    ids, seg, positions = (np.zeros(acc + spare, dtype=np.int64) for _ in range(3))
+    ids[:acc] = np.fromiter(chain.from_iterable(input_ids[i] for i in order), dtype=np.int64, count=acc)
+    seg[:acc] = np.fromiter(chain.from_iterable(token_type_ids[i] for i in order), dtype=np.int64, count=acc)
+    positions[:acc] = np.arange(acc) - np.repeat(starts, lens)
     groups = []
     i = 0
     while i < len(lens):
-        t, j = lens[i], i
-        while j < len(lens) and lens[j] >= ratio * t:
-            j += 1
-        gl = torch.tensor(lens[i:j])
-        gs = torch.tensor(starts[i:j])
-        slots = torch.arange(t)[None, :]  # (1, t)
+        t = int(lens[i])
+        j = i + int(np.searchsorted(-lens[i:], -ratio * t, side="right"))  # lens[i:j] >= ratio * t
+        gl, gs = lens[i:j], starts[i:j]
+        slots = np.arange(t)[None, :]  # (1, t)
         keep = slots < gl[:, None]  # (b, t)
-        gather = torch.minimum(gs[:, None] + slots, (gs + gl - 1)[:, None]).reshape(-1)
+        gather = torch.from_numpy(np.minimum(gs[:, None] + slots, (gs + gl - 1)[:, None]).reshape(-1))
         if bool(keep.all()):
             real, bias = None, None
         else:
-            real = keep.reshape(-1).nonzero().squeeze(1).to(device)
-            bias = torch.zeros(j - i, 1, 1, t, dtype=dtype).masked_fill(~keep[:, None, None, :], torch.finfo(dtype).min)
-            bias = bias.to(device)
+            real = torch.from_numpy(np.flatnonzero(keep)).to(device)
+            pad = torch.from_numpy(~keep)[:, None, None, :]
+            bias = torch.zeros(j - i, 1, 1, t, dtype=dtype).masked_fill(pad, torch.finfo(dtype).min).to(device)
         groups.append(AttentionGroup(gather.to(device), real, bias, j - i, t))
         i = j
     return Packing(
-        order=torch.tensor(order, device=device),
-        ids=torch.tensor(flat_ids, device=device),
-        segments=torch.tensor(flat_seg, device=device),
-        positions=positions.to(device),
-        cls=torch.tensor(starts, device=device),
+        order=torch.from_numpy(order).to(device),
+        ids=torch.from_numpy(ids).to(device),
+        segments=torch.from_numpy(seg).to(device),
+        positions=torch.from_numpy(positions).to(device),
+        cls=torch.from_numpy(starts).to(device),
         groups=groups,
         spare=spare,
     )

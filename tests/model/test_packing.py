@@ -55,6 +55,15 @@ def test_pack_lays_pairs_out_without_padding():
     )
 
 
+def test_pack_keeps_ties_in_batch_order_and_refuses_empty_pairs():
+    p = pack([[101, 102], [101, 5, 102], [101, 7]], [[0, 1], [0, 0, 1], [0, 1]], torch.device("cpu"), torch.float32)
+    assert p.order.tolist() == [1, 0, 2] and p.cls.tolist() == [0, 3, 5]
+    assert all(t.dtype == torch.long for t in (p.order, p.ids, p.segments, p.positions, p.cls))
+    for bad in ([], [[101], []]):
+        with pytest.raises(ValueError, match="at least one token"):
+            pack(bad, bad, torch.device("cpu"), torch.float32)
+
+
 def test_unpadded_batches_equal_padded_ones(tiny_checkpoint, unpacked):
     """The cpu inference path (no padding) against the padded forward, with and without a head mask,
     for pruned layers too, in float32."""
