@@ -573,7 +573,7 @@ def render(r: dict, title: str) -> str:
     m = r["machine"]
     pr = r["probe_gflops"]
     lines = [
-        f"### Anchors: {title} (`bench/anchors.py`)",
+        f"### Anchors: {title.removeprefix('Anchors: ')} (`bench/anchors.py`)",  # a --title may carry it too
         "",
         f"Measured {m['date']} with `bench/anchors.py` ({r['pairs']} held-out Home Depot dev pairs, {r['batches']} "
         f"length-sorted batches of 32, tokenisation not timed, systems and probes interleaved within each repeat, "
