@@ -7,7 +7,8 @@
 #   pip download --no-deps --only-binary=:all: --python-version 3.12 --platform manylinux_2_17_x86_64 -d .whl \
 #     fastapi starlette uvicorn httptools pydantic pydantic-core pydantic-settings python-dotenv \
 #     annotated-types annotated-doc typing-inspection typing-extensions opentelemetry-api
-# (pinned to the versions the CPU venv has); dev pairs from .gpu/dev.csv when ../shared is not there.
+# (pinned to the versions the CPU venv has); dev pairs from .gpu/dev.csv where it exists (../shared does
+# not travel to a device machine), else from ../shared.
 set -euo pipefail
 out=${1:?usage: bench/gpu_check.sh OUT [flags]}
 shift

@@ -42,6 +42,23 @@ class Packing:
     spare: int = 0  # filler rows after the real tokens (see token_bucket)
 
 
+def pad_batch(
+    input_ids: Sequence[Sequence[int]], token_type_ids: Sequence[Sequence[int]], pad_id: int = 0
+) -> tuple[Tensor, Tensor, Tensor]:
+    """Right-pad to the longest pair: (ids, segments, mask), each (B, T) int64. One flat copy of every
+    token, scattered under the mask: a tensor per pair cost ~28 us a pair, which a GPU waited on."""
+    lengths = np.fromiter(map(len, input_ids), dtype=np.int64, count=len(input_ids))
+    if any(len(x) != len(s) for x, s in zip(input_ids, token_type_ids)) or len(input_ids) != len(token_type_ids):
+        raise ValueError("every pair needs as many segment ids as token ids")
+    keep = np.arange(lengths.max(initial=0)) < lengths[:, None]  # (B, T), row-major: each row's tokens in order
+    n = int(lengths.sum())
+    ids = np.full(keep.shape, pad_id, dtype=np.int64)
+    ids[keep] = np.fromiter(chain.from_iterable(input_ids), dtype=np.int64, count=n)
+    seg = np.zeros(keep.shape, dtype=np.int64)
+    seg[keep] = np.fromiter(chain.from_iterable(token_type_ids), dtype=np.int64, count=n)
+    return torch.from_numpy(ids), torch.from_numpy(seg), torch.from_numpy(keep.astype(np.int64))
+
+
 def token_bucket(n: int) -> int:
     """`n` rounded up to a short ladder of sizes (at most 1/8 more, ~70 sizes up to 8192 tokens).
     oneDNN builds a kernel per new input shape of a linear layer: ~9 ms each in bfloat16 on this CPU,

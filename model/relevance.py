@@ -11,11 +11,9 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
-from itertools import chain
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import numpy as np
 import torch
 from torch import Tensor, nn
 
@@ -26,7 +24,7 @@ from model.device import resolve_device, resolve_dtype
 from model.int8 import NO_VNNI, PLAN_FILE, Int8Plan, cpu_has_vnni
 from model.kernels import choose_attention, install_cpu_kernels, set_attention, warm_linear_shapes
 from model.levels import DEFAULT_LEVELS, MAX_BATCH_TOKENS
-from model.packing import length_batches, token_slices
+from model.packing import length_batches, pad_batch, token_slices
 from model.parallel import ForwardWorkers, batch_budget, run_batches, workers_for
 from model.scoring import LevelRule, ScoredBatch, level_values, merge_classes, score_logits
 from model.tokenizer import EncodedPairs, PairTokenizer, Truncation
@@ -52,21 +50,6 @@ class PairScore:
     score: float  # expected level
     tokens: int
     truncated: bool
-
-
-def pad_batch(
-    input_ids: Sequence[Sequence[int]], token_type_ids: Sequence[Sequence[int]], pad_id: int = 0
-) -> tuple[Tensor, Tensor, Tensor]:
-    """Right-pad to the longest pair: (ids, segments, mask), each (B, T) int64. One flat copy of every
-    token, scattered under the mask: a tensor per pair cost ~28 us a pair, which a GPU waited on."""
-    lengths = np.fromiter(map(len, input_ids), dtype=np.int64, count=len(input_ids))
-    keep = np.arange(lengths.max(initial=0)) < lengths[:, None]  # (B, T), row-major: each row's tokens in order
-    n = int(lengths.sum())
-    ids = np.full(keep.shape, pad_id, dtype=np.int64)
-    ids[keep] = np.fromiter(chain.from_iterable(input_ids), dtype=np.int64, count=n)
-    seg = np.zeros(keep.shape, dtype=np.int64)
-    seg[keep] = np.fromiter(chain.from_iterable(token_type_ids), dtype=np.int64, count=n)
-    return torch.from_numpy(ids), torch.from_numpy(seg), torch.from_numpy(keep.astype(np.int64))
 
 
 class RelevanceModel:
@@ -334,7 +317,9 @@ class RelevanceModel:
         out = torch.empty(len(enc), len(self.class_levels) if raw else len(self.labels))
         if self.device.type == "cpu":  # cuda wants its batches big
             max_batch_tokens = batch_budget(sum(enc.lengths), max_batch_tokens)
-        batches = list(length_batches(enc.lengths, max_batch_tokens))
+        # cuda: the token budget alone bounds a batch (the cpu's 256-pair cap starved the GPU of work)
+        cap = 256 if self.device.type == "cpu" else max_batch_tokens
+        batches = list(length_batches(enc.lengths, max_batch_tokens, cap))
         pool = self.forward_workers(torch_only=head_mask is not None)
 
         def forward(batch: list[int]) -> Tensor:

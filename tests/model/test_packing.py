@@ -32,6 +32,8 @@ def test_pad_batch_right_pads_every_pair_to_the_longest():
         assert got_seg[i].tolist() == s + [0] * (6 - n)
         assert got_mask[i].tolist() == [1] * n + [0] * (6 - n)
     assert [t.shape for t in pad_batch([], [])] == [(0, 0)] * 3
+    with pytest.raises(ValueError, match="as many segment ids"):  # same totals, misaligned pairs
+        pad_batch([[101, 5, 102], [101]], [[0, 0], [0, 1]])
 
 
 def test_pack_lays_pairs_out_without_padding():
