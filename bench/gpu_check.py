@@ -23,31 +23,26 @@ import copy
 import csv
 import json
 import os
-import socket
 import statistics
-import subprocess
 import sys
 import tempfile
+import threading
 import time
+import urllib.request
 from pathlib import Path
+from types import SimpleNamespace
 
 import torch
+from anchors import useful_flops
+from model_speed import base_checkpoint
 
-from model.bert import BertForRelevance
-from model.checkpoint import load_module, save_checkpoint
-from model.config import BertConfig
-from model.packing import length_batches, pad_batch
+from model.checkpoint import load_module
+from model.packing import pad_batch
 from model.relevance import RelevanceModel
-from model.tokenizer import PairTokenizer
 
 ROOT = Path(__file__).resolve().parents[1]
 
 BUDGETS = (8192, 16384, 32768, 65536)
-
-
-def read_dev(path: Path, n: int) -> list[tuple[str, str]]:
-    with path.open(encoding="utf-8") as f:
-        return [(r["query"], r["title"]) for _, r in zip(range(n), csv.DictReader(f))]
 
 
 def sync(dev: str) -> None:
@@ -133,37 +128,11 @@ def correctness(model: Path, dev: str, pairs: list[tuple[str, str]], dtypes: lis
 
 
 # --- offline throughput ----------------------------------------------------------------------------
-def base_checkpoint(tok_dir: Path, out: Path, layers: int) -> Path:
-    """BERT-base shapes (hidden 768, 12 heads, intermediate 3072), random weights, the built-in vocabulary."""
-    tok = PairTokenizer.from_dir(tok_dir)
-    cfg = BertConfig(
-        vocab_size=tok.vocab_size,
-        hidden_size=768,
-        num_hidden_layers=layers,
-        num_attention_heads=12,
-        intermediate_size=3072,
-        max_position_embeddings=512,
-    )
-    module = BertForRelevance(cfg)
-    module.init_weights(seed=0)
-    save_checkpoint(module, tok, out)
-    return out
-
-
-def useful_flops(cfg: BertConfig, lengths: list[int]) -> float:
-    """Multiply-adds x 2 over real tokens only (every pair at its own length)."""
-    H, inner = cfg.hidden_size, cfg.intermediate_size
-    per_token = cfg.num_hidden_layers * 2 * (4 * H * H + 2 * H * inner)
-    attn = sum(cfg.num_hidden_layers * 4 * t * t * H for t in lengths)
-    return per_token * sum(lengths) + attn
-
-
-def padded_batches(enc, budget: int, pad_id: int, dev: str) -> list[tuple[torch.Tensor, ...]]:
-    """The very batches `encoded_logits` forms on `dev` (model.packing.length_batches, its pair cap), padded."""
-    cap = 256 if dev == "cpu" else budget
+def padded_batches(m: RelevanceModel, enc, budget: int) -> list[tuple[torch.Tensor, ...]]:
+    """The very batches `encoded_logits` forms (`RelevanceModel.batches_of`), padded."""
     return [
-        pad_batch([enc.input_ids[i] for i in b], [enc.token_type_ids[i] for i in b], pad_id)
-        for b in length_batches(enc.lengths, budget, cap)
+        pad_batch([enc.input_ids[i] for i in b], [enc.token_type_ids[i] for i in b], m.tokenizer.pad_id)
+        for b in m.batches_of(enc.lengths, budget)
     ]
 
 
@@ -183,7 +152,7 @@ def budget_row(m: RelevanceModel, hf, enc, budget: int, dev: str, reps: int) -> 
     """Seconds per pass over the same pairs at one budget: qtrel's `encoded_logits` (padding, copies and
     results included), qtrel's module alone and transformers on the same padded batches already on the
     device; and the batch count."""
-    batches = [tuple(x.to(dev) for x in b) for b in padded_batches(enc, budget, m.tokenizer.pad_id, dev)]
+    batches = [tuple(x.to(dev) for x in b) for b in padded_batches(m, enc, budget)]
 
     def hf_pass():
         return [hf(input_ids=i, token_type_ids=s, attention_mask=k).logits for i, s, k in batches]
@@ -237,126 +206,64 @@ def offline(label: str, path: Path, dev: str, pairs, dtypes: list[str], reps: in
 
 
 # --- serving -----------------------------------------------------------------------------------------
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 class GpuBusy:
-    """The GPU's busy share over a window, sampled by NVML every 100 ms (None without NVML)."""
+    """The GPU's busy share while the block runs, sampled by NVML every 100 ms on a thread (None without NVML)."""
 
-    def __init__(self):
+    def __enter__(self) -> GpuBusy:
+        self.samples: list[int] = []
+        self.stop = threading.Event()
         try:
             import pynvml
 
             pynvml.nvmlInit()
-            self.h, self.nvml = pynvml.nvmlDeviceGetHandleByIndex(0), pynvml
+            h = pynvml.nvmlDeviceGetHandleByIndex(0)
         except Exception:
-            self.h = None
-        self.samples: list[int] = []
+            self.thread = None
+            return self
 
-    async def run(self, stop: asyncio.Event) -> None:
-        while self.h is not None and not stop.is_set():
-            self.samples.append(self.nvml.nvmlDeviceGetUtilizationRates(self.h).gpu)
-            await asyncio.sleep(0.1)
+        def sample() -> None:
+            while not self.stop.wait(0.1):
+                self.samples.append(pynvml.nvmlDeviceGetUtilizationRates(h).gpu)
 
+        self.thread = threading.Thread(target=sample, daemon=True)
+        self.thread.start()
+        return self
 
-async def drive(url: str, bodies: list[dict], clients: int, seconds: float, warmup: float) -> dict:
-    import aiohttp
+    def __exit__(self, *exc) -> None:
+        self.stop.set()
+        if self.thread is not None:
+            self.thread.join()
 
-    lat: list[float] = []
-    pairs = errors = 0
-    stop, measuring = asyncio.Event(), asyncio.Event()
-    busy = GpuBusy()
-
-    async def client(k: int, s: aiohttp.ClientSession) -> None:
-        nonlocal pairs, errors
-        i = k
-        while not stop.is_set():
-            body = bodies[i % len(bodies)]
-            i += clients
-            t = time.perf_counter()
-            async with s.post(url + "/score", json=body) as r:
-                await r.read()
-                ok = r.status == 200
-            if measuring.is_set() and not stop.is_set():  # what ends after the window is not counted
-                if ok:
-                    lat.append(time.perf_counter() - t)
-                    pairs += len(body["titles"])
-                else:
-                    errors += 1
-
-    conn = aiohttp.TCPConnector(limit=clients)
-    async with aiohttp.ClientSession(connector=conn) as s:
-        tasks = [asyncio.create_task(client(k, s)) for k in range(clients)]
-        await asyncio.sleep(warmup)
-        measuring.set()
-        sampler = asyncio.create_task(busy.run(stop))
-        t0 = time.perf_counter()
-        await asyncio.sleep(seconds)
-        stop.set()
-        dt = time.perf_counter() - t0
-        await asyncio.gather(*tasks, sampler)
-    lat.sort()
-    q = (lambda p: 1e3 * lat[min(len(lat) - 1, int(p * len(lat)))]) if lat else (lambda p: float("nan"))
-    return {
-        "clients": clients,
-        "pairs_s": pairs / dt,
-        "requests": len(lat),
-        "p50_ms": q(0.5),
-        "p99_ms": q(0.99),
-        "errors": errors,
-        "gpu_busy": statistics.mean(busy.samples) / 100 if busy.samples else None,
-    }
+    @property
+    def share(self) -> float | None:
+        return statistics.mean(self.samples) / 100 if self.samples else None
 
 
-def serving(model: Path, dev: str, pairs, seconds: float, log: Path) -> dict:
-    port = free_port()
-    env = os.environ | {"PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+def serving(model: Path, dev: str, rows: list[dict], seconds: float, log: Path) -> dict:
+    """`qtrel serve` on `dev` under bench/load.py's closed-loop scenarios (its server, bodies and client)."""
+    import load
+
+    port = load.free_port()
     cmd = [sys.executable, "-m", "service.cli", "serve", "--model", str(model), "--device", dev]
     cmd += ["--port", str(port), "--host", "127.0.0.1", "--cache-mb", "0"]
     url = f"http://127.0.0.1:{port}"
+    env = os.environ | {"PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
     out: dict = {"command": " ".join(cmd[1:])}
-    with log.open("w") as f:
-        proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=env, cwd=ROOT)
+    a = SimpleNamespace(warmup=3.0, seconds=seconds)
     try:
-        import urllib.request
-
-        t0 = time.time()
-        while True:
-            try:
-                with urllib.request.urlopen(url + "/health/ready", timeout=2) as r:
-                    if r.status == 200:
-                        break
-            except Exception:
-                pass
-            if proc.poll() is not None or time.time() - t0 > 240:
-                out["error"] = f"not ready (exit {proc.poll()}); log: {log}"
-                return out
-            time.sleep(0.5)
-        out["ready_s"] = time.time() - t0
-        with urllib.request.urlopen(url + "/info", timeout=5) as r:
-            out["info"] = json.loads(r.read())
-        one = [{"query": q, "titles": [t]} for q, t in pairs]
-        by_q: dict[str, list[str]] = {}
-        for q, t in pairs:
-            by_q.setdefault(q, []).append(t)
-        titles = [t for _, t in pairs]
-        many = []
-        for k, (q, ts) in enumerate(list(by_q.items())[:80]):
-            ts = (ts + titles[k * 50 : k * 50 + 50])[:50]
-            many.append({"query": q, "titles": ts})
-        out["one_pair_64"] = asyncio.run(drive(url, one, 64, seconds, 3.0))
-        print(f"  serve 64 x 1 pair: {out['one_pair_64']}", flush=True)
-        out["query_50_8"] = asyncio.run(drive(url, many, 8, seconds, 3.0))
-        print(f"  serve 8 x 50 titles: {out['query_50_8']}", flush=True)
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        with load.Server(cmd, url, "/health/ready", log, 240, env=env) as srv:
+            with urllib.request.urlopen(url + "/info", timeout=5) as r:
+                out["info"] = json.loads(r.read())
+            loads = {
+                "one_pair_64": (load.one_pair_bodies(rows, 4000)[0], 64),
+                "query_50_8": (load.query_bodies(rows, 80, 50)[0], 8),
+            }
+            for key, (bodies, clients) in loads.items():
+                with GpuBusy() as busy:
+                    out[key] = asyncio.run(load.scenario(key, url, bodies, a, srv.proc.pid, clients=clients))
+                out[key]["gpu_busy"] = busy.share
+    except SystemExit as e:  # not ready: the report says why, the offline figures still stand
+        out["error"] = str(e)
     return out
 
 
@@ -407,14 +314,15 @@ def render(r: dict) -> str:
             lines.append(f"- failed: {s['error']}")
         else:
             lines += [
-                "| clients | pairs/s | p50 ms | p99 ms | errors | GPU busy |",
-                "|---|---:|---:|---:|---:|---:|",
+                "| clients | pairs/s | p50 ms | p99 ms | errors | server cores | GPU busy |",
+                "|---|---:|---:|---:|---:|---:|---:|",
             ]
             for k, name in (("one_pair_64", "64 × 1 pair"), ("query_50_8", "8 × 1 query, 50 titles")):
                 v = s[k]
                 busy = "—" if v["gpu_busy"] is None else f"{v['gpu_busy']:.0%}"
                 lines.append(
-                    f"| {name} | {v['pairs_s']:,.0f} | {v['p50_ms']:.0f} | {v['p99_ms']:.0f} | {v['errors']} | {busy} |"
+                    f"| {name} | {v['pairs_per_s']:,.0f} | {v['p50_ms']:.0f} | {v['p99_ms']:.0f} | "
+                    f"{sum(v['errors'].values())} | {v['server_cores']:.2f} | {busy} |"
                 )
             info = s.get("info", {})
             lines += ["", f"- `/info`: {json.dumps(info.get('model', info))[:400]}"]
@@ -435,7 +343,9 @@ def main() -> int:
     dev = a.device
     gpu = dev.startswith("cuda")
     n = 256 if a.quick else 7206
-    pairs = read_dev(a.dev, n)
+    with a.dev.open(encoding="utf-8") as f:
+        rows = list(csv.DictReader(f))
+    pairs = [(row["query"], row["title"]) for row in rows[:n]]
     dtypes = ["float32", "float16", "bfloat16"] if gpu else ["float32", "bfloat16"]
     low = ["float16", "bfloat16"] if gpu else ["bfloat16"]
     r: dict = {
@@ -455,11 +365,11 @@ def main() -> int:
     off_pairs = pairs if gpu else pairs[:64]
     r["offline_pairs"] = len(off_pairs)
     with tempfile.TemporaryDirectory(prefix="qtrel-gpu-") as tmp:
-        base = base_checkpoint(a.model, Path(tmp) / "base", 1 if a.quick else 12)
+        base = base_checkpoint(Path(tmp) / "base", 1 if a.quick else 12, tok_dir=a.model)
         r["offline"] = offline("built-in (MiniLM-L6)", a.model, dev, off_pairs, low, reps, budgets, r["matmul_tflops"])
         r["offline"] += offline("BERT-base-sized, random", base, dev, off_pairs, low, reps, budgets, r["matmul_tflops"])
     if not a.no_serve:
-        r["serving"] = serving(a.model, dev, pairs[:4000], 2.0 if a.quick else a.seconds, a.out / "serve.log")
+        r["serving"] = serving(a.model, dev, rows, 2.0 if a.quick else a.seconds, a.out / "serve.log")
     (a.out / "gpu_check.json").write_text(json.dumps(r, indent=1) + "\n")
     (a.out / "gpu_check.md").write_text(render(r))
     print(render(r))

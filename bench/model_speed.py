@@ -83,9 +83,10 @@ def minilm_checkpoint(out: Path) -> Path:
     return out
 
 
-def base_checkpoint(out: Path, layers: int) -> Path:
-    """BERT-base shapes (hidden 768, 12 heads, intermediate 3072), random weights, MiniLM's vocabulary."""
-    tok = PairTokenizer.from_dir(minilm_dir())
+def base_checkpoint(out: Path, layers: int, tok_dir: Path | None = None) -> Path:
+    """BERT-base shapes (hidden 768, 12 heads, intermediate 3072), random weights, MiniLM's vocabulary (from
+    `tok_dir`, any checkpoint with that tokenizer, where the MiniLM package is not installed)."""
+    tok = PairTokenizer.from_dir(tok_dir or minilm_dir())
     cfg = BertConfig(
         vocab_size=tok.vocab_size,
         hidden_size=768,

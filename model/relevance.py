@@ -315,11 +315,7 @@ class RelevanceModel:
         of at most `max_batch_tokens` padded tokens (`raw`: per class, as `logits`); on several workers at
         once where torch has several threads (`forward_workers`)."""
         out = torch.empty(len(enc), len(self.class_levels) if raw else len(self.labels))
-        if self.device.type == "cpu":  # cuda wants its batches big
-            max_batch_tokens = batch_budget(sum(enc.lengths), max_batch_tokens)
-        # cuda: the token budget alone bounds a batch (the cpu's 256-pair cap starved the GPU of work)
-        cap = 256 if self.device.type == "cpu" else max_batch_tokens
-        batches = list(length_batches(enc.lengths, max_batch_tokens, cap))
+        batches = self.batches_of(enc.lengths, max_batch_tokens)
         pool = self.forward_workers(torch_only=head_mask is not None)
 
         def forward(batch: list[int]) -> Tensor:
@@ -331,6 +327,13 @@ class RelevanceModel:
         for batch, x in zip(batches, torch.cat(got).cpu().split([len(b) for b in batches]) if got else []):
             out[batch] = x
         return out
+
+    def batches_of(self, lengths: Sequence[int], max_batch_tokens: int) -> list[list[int]]:
+        """The length-sorted batches `encoded_logits` forwards: on cpu, small enough for every worker; on cuda
+        bounded by the token budget alone (the cpu's 256-pair cap starved the GPU of work)."""
+        if self.device.type == "cpu":
+            return list(length_batches(lengths, batch_budget(sum(lengths), max_batch_tokens)))
+        return list(length_batches(lengths, max_batch_tokens, max_batch_tokens))
 
     def forward_workers(self, torch_only: bool = False) -> ForwardWorkers | None:
         """The workers that forward many batches at once on this cpu (None: the caller's thread): as many as
