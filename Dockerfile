@@ -45,6 +45,16 @@ RUN set -eu; \
     rm -rf "$site/torch/include" "$site/torch/test" "$site"/torch/bin/test_* "$site"/torch/bin/*Test \
            "$site"/torch/bin/protoc*
 
+# A C compiler, in this stage only: the package's one compiled part, the fused attention kernel
+# (model/_attention.c, plain C), is built by the install below; the runtime stage gets the built library
+# with /opt/venv, not the compiler. Without it the install would still succeed and the service would run
+# torch's slower attention kernel (/info: model.attention). DL3008 (apt versions unpinned) is ignored:
+# Debian's security updates replace pinned patch levels, and the compiler never reaches the image.
+# hadolint ignore=DL3008
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends gcc libc6-dev \
+    && rm -rf /var/lib/apt/lists/*
+
 # The package, its other dependencies and the default model inside it. A regular (not editable)
 # install: the runtime stage copies only /opt/venv, never the sources.
 COPY . /src

@@ -36,6 +36,7 @@ from model_speed import Batch, export_onnx, hf_model, make_batches, read_pairs
 from results import DOCS, command_line, machine, publish, update_section
 
 from model.config import BertConfig
+from model.kernels import math_attention_pays
 from model.levels import MAX_BATCH_TOKENS
 from model.onednn import OneDNNLinear
 from model.parallel import run_batches
@@ -397,7 +398,7 @@ def main() -> int:
         return kind.get(m.cpu_kernels, m.cpu_kernels)
 
     def attention(m: RelevanceModel) -> str:
-        return ", math attention" if m.attention == "math" else ""
+        return {"math": ", math attention", "fused": ", fused attention"}.get(m.attention, "")
 
     def layout(m: RelevanceModel) -> str:  # many batches at once: on workers where torch has several threads
         pool = m.forward_workers()
@@ -410,12 +411,14 @@ def main() -> int:
         f"qtrel padded ({short[prec]}, {kernels(m_pad)})": qtrel_batches(m_pad, lists, batches, padded=True),
         f"qtrel own batches ({short[prec]}, encoded_logits, 8192 tokens{layout(m_bf)})": qtrel_own(m_bf, enc, order),
     }
-    # the attention kernel this CPU does not ship, in the same run (model.kernels.choose_attention)
-    other = "sdpa" if m_bf.attention == "math" else "math"
+    # the attention kernel this CPU does not ship, in the same run (model.kernels.choose_attention): where the
+    # fused kernel serves, the per-group kernel it beat; else the other per-group one
+    grouped = "math" if math_attention_pays(getattr(torch, prec)) else "sdpa"
+    other = grouped if m_bf.attention == "fused" else "sdpa" if m_bf.attention == "math" else "math"
     m_other = RelevanceModel.load(a.model, dtype=prec)
     m_other.use_attention(other)
     m_other.warm_up()
-    other_name = {"sdpa": "flash attention", "math": "math attention"}[other]
+    other_name = {"sdpa": "flash attention", "math": "math attention"}[other]  # per group of similar length
     systems[f"qtrel default, {other_name} ({short[prec]}, unpadded, {kernels(m_other)})"] = qtrel_batches(
         m_other, lists, batches, padded=False
     )

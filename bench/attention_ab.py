@@ -1,9 +1,11 @@
-"""A/B of the two attention kernels of qtrel's packed forward (issue 20): torch's
-`F.scaled_dot_product_attention` once per length group and layer (on CPU in bfloat16, the flash kernel)
-against `model.bert.math_attention` (two matmuls and a float32 softmax) for the same calls; the model's own
-switch (`RelevanceModel.use_attention`) flips between them, and the report says which one this CPU ships
-(`model.kernels.math_attention_pays`). Same batches of consecutive dev pairs as bench/forward_profile.py,
-the two interleaved per round, median and range; plus the bare kernels on one group's shape.
+"""A/B of the attention kernels of qtrel's packed forward (issue 20): torch's
+`F.scaled_dot_product_attention` once per length group and layer (on CPU, the flash kernel), against
+`model.bert.math_attention` (two matmuls and a float32 softmax) for the same calls, and against the fused
+kernel (`model.fused_attention`: one call a layer over every pair's rows in place) where it is built; the
+model's own switch (`RelevanceModel.use_attention`) flips between them, and the report says which one this
+CPU ships (`model.kernels.choose_attention`, with its start-up probe's figures). Same batches of
+consecutive dev pairs as bench/forward_profile.py, the kernels interleaved per round, median and range;
+plus the bare kernels on one group's shape.
 
   python bench/attention_ab.py --model model/default [--threads 1] [--pause-pid PID]
 """
@@ -24,6 +26,7 @@ from anchors import isa, isa_line, slug_of
 from model_speed import read_pairs
 from results import command_line, machine, publish
 
+from model import fused_attention
 from model.bert import math_attention
 from model.relevance import RelevanceModel
 
@@ -77,17 +80,18 @@ def main() -> int:
         for b in SIZES
     }
     res: dict = {}
+    kinds = ("sdpa", "math") + (("fused",) if fused_attention.available()[0] else ())
     if a.pause_pid:
         os.kill(a.pause_pid, signal.SIGSTOP)
     try:
-        for b in SIZES:  # warm both once
-            run(m, data[b], "sdpa")
-            run(m, data[b], "math")
-        ms: dict[str, list[float]] = {f"{b}/{w}": [] for b in SIZES for w in ("sdpa", "math")}
-        diff = {}
+        for b in SIZES:  # warm each once
+            for w in kinds:
+                run(m, data[b], w)
+        ms: dict[str, list[float]] = {f"{b}/{w}": [] for b in SIZES for w in kinds}
+        diff: dict[int, dict[str, torch.Tensor]] = {}
         for r in range(a.rounds):
             for b in SIZES:
-                for w in ("sdpa", "math") if r % 2 == 0 else ("math", "sdpa"):
+                for w in kinds[r % len(kinds) :] + kinds[: r % len(kinds)]:  # each round starts with another
                     t, out = run(m, data[b], w)
                     ms[f"{b}/{w}"].append(t)
                     diff.setdefault(b, {})[w] = out
@@ -99,45 +103,57 @@ def main() -> int:
         if a.pause_pid:
             os.kill(a.pause_pid, signal.SIGCONT)
     for b in SIZES:
-        s, x = ms[f"{b}/sdpa"], ms[f"{b}/math"]
-        per = [i / j for i, j in zip(s, x)]
-        res[b] = {
-            "ms_sdpa": statistics.median(s),
-            "ms_math": statistics.median(x),
-            "speedup_math": statistics.median(per),
-            "speedup_range": [min(per), max(per)],
-            "max_abs_logit_diff": (diff[b]["sdpa"] - diff[b]["math"]).abs().max().item(),
-            "same_level": (diff[b]["sdpa"].argmax(-1) == diff[b]["math"].argmax(-1)).float().mean().item(),
-            "all": {"sdpa": [round(v, 2) for v in s], "math": [round(v, 2) for v in x]},
-        }
+        s = ms[f"{b}/sdpa"]
+        res[b] = {"ms": {w: statistics.median(ms[f"{b}/{w}"]) for w in kinds}, "all": {}}
+        for w in kinds:
+            res[b]["all"][w] = [round(v, 2) for v in ms[f"{b}/{w}"]]
+            if w == "sdpa":
+                continue
+            per = [i / j for i, j in zip(s, ms[f"{b}/{w}"])]
+            res[b][w] = {
+                "speedup": statistics.median(per),
+                "speedup_range": [min(per), max(per)],
+                "max_abs_logit_diff": (diff[b]["sdpa"] - diff[b][w]).abs().max().item(),
+                "same_level": (diff[b]["sdpa"].argmax(-1) == diff[b][w].argmax(-1)).float().mean().item(),
+            }
     report = {
         "isa_line": isa_line(isa()),
         "machine": machine(),
         "command": command_line(),
         "dtype": m.dtype,
         "shipped": shipped,
+        "probe": m.attention_probe,
         "threads": a.threads,
         "rounds": a.rounds,
         "batches": a.batches,
         "forward": res,
         "bare_kernels_us": kernels,
     }
+    names = {"sdpa": "flash SDPA", "math": "math (2 matmuls + float32 softmax)", "fused": "fused (one call a layer)"}
+    others = [w for w in kinds if w != "sdpa"]
     lines = [
         f"### Attention kernel A/B inside the default forward (`bench/attention_ab.py`, {report['machine']['date']})",
         "",
-        f"{m.dtype}, {a.threads} torch thread(s), {a.batches} batches of consecutive dev pairs per size, the two "
-        f"interleaved over {a.rounds} rounds (median ms per forward; speed-up = median of the per-round ratios).",
+        f"{m.dtype}, {a.threads} torch thread(s), {a.batches} batches of consecutive dev pairs per size, the "
+        f"kernels interleaved over {a.rounds} rounds (median ms per forward; speed-up over flash = median of the "
+        f"per-round ratios; logits and levels against flash's). Shipped here: **{shipped}**"
+        + (f" (start-up probe, ms per layer: {m.attention_probe})." if m.attention_probe else "."),
         f"- command: `{report['command']}`",
         "",
-        f"| batch | flash SDPA{' (shipped)' * (shipped == 'sdpa')} | math (2 matmuls + float32 softmax)"
-        f"{' (shipped)' * (shipped == 'math')} | speed-up (range) | max abs logit diff | same level |",
-        "|---:|---:|---:|---:|---:|---:|",
+        "| batch | "
+        + " | ".join(names[w] + " ms" for w in kinds)
+        + " | "
+        + " | ".join(f"{w}: speed-up (range), max abs logit diff, same level" for w in others)
+        + " |",
+        "|---:" * (1 + len(kinds) + len(others)) + "|",
     ]
     for b, r in res.items():
-        lines.append(
-            f"| {b} | {r['ms_sdpa']:.1f} | {r['ms_math']:.1f} | {r['speedup_math']:.2f} ({r['speedup_range'][0]:.2f}–"
-            f"{r['speedup_range'][1]:.2f}) | {r['max_abs_logit_diff']:.1e} | {r['same_level']:.4f} |"
-        )
+        cells = [f"{r['ms'][w]:.1f}" for w in kinds] + [
+            f"{r[w]['speedup']:.2f} ({r[w]['speedup_range'][0]:.2f}–{r[w]['speedup_range'][1]:.2f}), "
+            f"{r[w]['max_abs_logit_diff']:.1e}, {r[w]['same_level']:.4f}"
+            for w in others
+        ]
+        lines.append(f"| {b} | " + " | ".join(cells) + " |")
     lines += ["", "Bare kernels on one group's shape (12 heads, head size 32), median µs per call:", ""]
     lines += [f"- {k}: " + ", ".join(f"{n} {v:.0f}" for n, v in d.items()) for k, d in kernels.items()]
     text = "\n".join(lines)

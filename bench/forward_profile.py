@@ -65,12 +65,12 @@ LAYOUT = {
 }
 
 
-ATTENTION_KERNEL = "attention kernel (SDPA or math)"
+ATTENTION_KERNEL = "attention kernel (SDPA, math or fused)"
 
 
 def share_of(e, scopes: list[str]) -> str:
-    if "qtrel::math_attention" in scopes or "scaled_dot_product" in e.name:
-        return ATTENTION_KERNEL
+    if "qtrel::math_attention" in scopes or "scaled_dot_product" in e.name or e.name == "qtrel::fused_attention":
+        return ATTENTION_KERNEL  # the fused kernel is one ctypes call: its scope's self time is the C code
     if "qtrel::pack" in scopes:
         return "packing (model.packing.pack)"
     if e.name.startswith("qtrel::"):
@@ -104,6 +104,7 @@ def instrument() -> None:
     (its loop over length groups), the embeddings, the whole forward."""
     bert.pack = scoped("qtrel::pack", bert.pack)
     bert.math_attention = scoped("qtrel::math_attention", bert.math_attention)  # _attend looks it up per call
+    bert.packed_attention = scoped("qtrel::fused_attention", bert.packed_attention)  # likewise
     bert.SelfAttention.forward_packed = scoped("qtrel::attention", bert.SelfAttention.forward_packed)
     bert.Embeddings.forward_packed = scoped("qtrel::embeddings", bert.Embeddings.forward_packed)
     bert.BertForRelevance.forward_packed = scoped("qtrel::forward", bert.BertForRelevance.forward_packed)

@@ -16,11 +16,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, cast
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from model.config import BertConfig
+from model.fused_attention import packed_attention
 from model.packing import Packing, pack, token_bucket
 
 if TYPE_CHECKING:
@@ -92,12 +94,18 @@ class SelfAttention(nn.Module):
         # Instead of qkv in the last layer (model.kernels): q for the [CLS] rows apart from k/v for every token.
         self.cls_q: OneDNNLinear | nn.Linear | None = None
         self.cls_kv: OneDNNLinear | nn.Linear | None = None
-        self.math_attention = False  # the packed forward's kernel: set by model.kernels where it pays
+        # the packed forward's kernel, set by model.kernels: "sdpa" (torch's, per group), "math" (per group)
+        # or "fused" (model.fused_attention: one call over every pair's rows in place)
+        self.kernel = "sdpa"
 
     def _attend(self, q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None) -> Tensor:
-        if self.math_attention:
+        if self.kernel == "math":
             return math_attention(q, k, v, bias)
         return F.scaled_dot_product_attention(q, k, v, attn_mask=bias)
+
+    def _fused(self) -> bool:
+        # single-threaded: where torch has more threads for this forward, its kernels split the work
+        return self.kernel == "fused" and torch.get_num_threads() == 1
 
     def forward(
         self, x: Tensor, bias: Tensor, head_mask: Tensor | None, return_probs: bool
@@ -155,6 +163,13 @@ class SelfAttention(nn.Module):
         """x: (N, H) packed tokens -> (N, H). Attention runs per group on a (b, nh, t, hs) block."""
         nh, hs = len(self.heads), self.head_size
         qkv = self._project(x)  # (N, 3 * nh * hs)
+        if self._fused():
+            w = nh * hs
+            # filler rows (p.spare) are no pair's: zeroed, as the grouped path leaves them
+            ctx = qkv.new_zeros(len(qkv), w) if p.spare else qkv.new_empty(len(qkv), w)
+            s, n = p.starts, p.lengths
+            packed_attention(qkv[:, :w], qkv[:, w : 2 * w], qkv[:, 2 * w :], ctx, s, n, s, n, nh, hs, head_mask)
+            return self.out(ctx)
         parts = []
         for g in p.groups:
             q, k, v = qkv.index_select(0, g.gather).view(g.b, g.t, 3, nh, hs).permute(2, 0, 3, 1, 4)
@@ -173,6 +188,12 @@ class SelfAttention(nn.Module):
         still come from every token."""
         nh, hs = len(self.heads), self.head_size
         q, kv = self._cls_projections(x, x.index_select(0, rows))
+        if self._fused():
+            w, b = nh * hs, len(p.lengths)
+            ctx = q.new_zeros(len(q), w)  # rows past the pairs' (bucket filler) stay zero
+            one = np.ones(b, np.int64)  # pair i's one query: row i of q
+            packed_attention(q, kv[:, :w], kv[:, w:], ctx, np.arange(b), one, p.starts, p.lengths, nh, hs, head_mask)
+            return self.out(ctx)
         parts, start = [], 0
         for g in p.groups:  # groups hold consecutive packed pairs, so their [CLS] rows follow `rows`
             k, v = kv.index_select(0, g.gather).view(g.b, g.t, 2, nh, hs).permute(2, 0, 3, 1, 4)

@@ -5,19 +5,22 @@ their kernels built for every token bucket at warm-up."""
 from __future__ import annotations
 
 import logging
+import time
 
 import torch
 from torch import nn
 
+from model import fused_attention
 from model.bert import BertForRelevance, Layer
 from model.device import cpu_flags, cpu_runs_bf16_natively
 from model.onednn import OneDNNLinear, onednn_available, probe
-from model.packing import token_buckets
+from model.packing import pack, token_buckets
 
 log = logging.getLogger("qtrel.model")
 
 __all__ = [
     "OneDNNLinear",
+    "attention_probe",
     "choose_attention",
     "install_cpu_kernels",
     "math_attention_pays",
@@ -47,19 +50,82 @@ def math_attention_pays(dtype: torch.dtype) -> bool:
     return dtype == torch.bfloat16 and cpu_runs_bf16_natively() and "amx_bf16" not in cpu_flags()
 
 
+ATTENTION_KINDS = ("sdpa", "math", "fused")
+
+
 def set_attention(module: nn.Module, kind: str) -> str:
-    """Set the packed forward's attention kernel of every layer: "math" or "sdpa" (torch's flash kernel)."""
-    if kind not in ("math", "sdpa"):
-        raise ValueError(f"attention must be 'math' or 'sdpa', not {kind!r}")
-    for layer in module.modules():
-        if isinstance(layer, Layer):
-            layer.attn.math_attention = kind == "math"
+    """Set the packed forward's attention kernel of every layer: "sdpa" (torch's flash kernel, per group of
+    similar length), "math" (two matmuls, per group) or "fused" (`model.fused_attention`, one call a layer)."""
+    if kind not in ATTENTION_KINDS:
+        raise ValueError(f"attention must be one of {ATTENTION_KINDS}, not {kind!r}")
+    layers = [m for m in module.modules() if isinstance(m, Layer)]
+    if kind == "fused":
+        ok, why = fused_attention.available()
+        if not ok:
+            raise ValueError(f"the fused attention kernel is not available: {why}")
+        if not all(fused_attention.supports(_dtype_of(module), m.attn.head_size) for m in layers):
+            raise ValueError("the fused attention kernel computes float32 and bfloat16, head sizes multiple of 8")
+    for layer in layers:
+        layer.attn.kernel = kind
     return kind
 
 
-def choose_attention(module: nn.Module, dtype: torch.dtype) -> str:
-    """Set the packed forward's attention kernel for this CPU and `dtype`; say which: "math" or "sdpa"."""
-    return set_attention(module, "math" if math_attention_pays(dtype) else "sdpa")
+def _dtype_of(module: nn.Module) -> torch.dtype:
+    return next(p.dtype for p in module.parameters() if p.is_floating_point())
+
+
+def _grouped_kind(dtype: torch.dtype) -> str:
+    return "math" if math_attention_pays(dtype) else "sdpa"
+
+
+# The probe's batch: a served batch's spread of one-pair requests (14-40 tokens, as inference=auto's probe)
+PROBE_LENGTHS = tuple(14 + (7 * i) % 27 for i in range(32))
+
+
+@torch.inference_mode()
+def attention_probe(module: nn.Module, rounds: int = 5) -> dict[str, float]:
+    """Milliseconds (best of `rounds`, interleaved) of the first layer's attention block, projections
+    included, on a served batch of 32 pairs, with this CPU's per-group kernel and with the fused one."""
+    layer = next(m for m in module.modules() if isinstance(m, Layer))
+    dtype = _dtype_of(module)
+    ids = [[1] * n for n in PROBE_LENGTHS]
+    p = pack(ids, [[0] * n for n in PROBE_LENGTHS], torch.device("cpu"), dtype)
+    g = torch.Generator().manual_seed(0)
+    hidden = layer.attn_norm.normalized_shape[0]
+    x = torch.randn(len(p.ids), hidden, generator=g).to(dtype)
+    kinds = (_grouped_kind(dtype), "fused")
+    best = {k: float("inf") for k in kinds}
+    old = layer.attn.kernel
+    try:
+        for _ in range(rounds + 1):  # the first round warms both
+            for k in kinds:
+                layer.attn.kernel = k
+                t0 = time.perf_counter()
+                layer.attn.forward_packed(x, p, None)
+                best[k] = min(best[k], time.perf_counter() - t0)
+    finally:
+        layer.attn.kernel = old
+    return {k: round(1e3 * v, 3) for k, v in best.items()}
+
+
+def choose_attention(module: nn.Module, dtype: torch.dtype) -> tuple[str, dict[str, float] | None]:
+    """Set the packed forward's attention kernel for this CPU and `dtype`, and say which, with the probe's
+    figures: "fused" where it is built, computes `dtype` and beats the per-group kernel in `attention_probe`
+    (1 thread, as a model process and each forward worker run); else "math" or "sdpa" by `math_attention_pays`."""
+    grouped = _grouped_kind(dtype)
+    layers = [m for m in module.modules() if isinstance(m, Layer)]
+    if not (fused_attention.available()[0] and all(fused_attention.supports(dtype, m.attn.head_size) for m in layers)):
+        return set_attention(module, grouped), None
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        set_attention(module, grouped)
+        figures = attention_probe(module)
+    finally:
+        torch.set_num_threads(threads)
+    kind = "fused" if figures["fused"] < figures[grouped] else grouped
+    log.info("attention: %s (probe, ms per layer at batch 32: %s)", kind, figures)
+    return set_attention(module, kind), figures
 
 
 def install_cpu_kernels(module: nn.Module, dtype: torch.dtype) -> str:

@@ -8,7 +8,7 @@ pairs of similar length. The layers' `forward_packed` methods (model.bert) consu
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from itertools import chain
 
 import numpy as np
@@ -30,16 +30,27 @@ class AttentionGroup:
 @dataclass
 class Packing:
     """A batch of variable-length pairs laid out without padding: the N real tokens of all pairs, longest
-    pair first. Embeddings, projections, feed-forward and norms run on (N, H); only attention needs
-    blocks, and it gets them per group of similar length (see `pack`)."""
+    pair first. Embeddings, projections, feed-forward and norms run on (N, H); attention either reads each
+    pair's rows in place (`model.fused_attention`, from `starts` and `lengths`) or gets blocks per group of
+    similar length (`groups`, built on first use; see `pack`)."""
 
     order: Tensor  # (B,) batch index of each packed pair
     ids: Tensor  # (N,)
     segments: Tensor  # (N,)
     positions: Tensor  # (N,)
     cls: Tensor  # (B,) packed row of each packed pair's first token
-    groups: list[AttentionGroup]
+    starts: np.ndarray  # (B,) int64, the same rows as `cls`, for the fused kernel
+    lengths: np.ndarray  # (B,) int64, each packed pair's token count
     spare: int = 0  # filler rows after the real tokens (see token_bucket)
+    ratio: float = 0.8
+    dtype: torch.dtype = torch.float32
+    _groups: list[AttentionGroup] | None = field(default=None, repr=False)
+
+    @property
+    def groups(self) -> list[AttentionGroup]:
+        if self._groups is None:
+            self._groups = attention_groups(self.lengths, self.starts, self.ratio, self.ids.device, self.dtype)
+        return self._groups
 
 
 def pad_batch(
@@ -102,6 +113,25 @@ def pack(
     ids[:acc] = np.fromiter(chain.from_iterable(input_ids[i] for i in order), dtype=np.int64, count=acc)
     seg[:acc] = np.fromiter(chain.from_iterable(token_type_ids[i] for i in order), dtype=np.int64, count=acc)
     positions[:acc] = np.arange(acc) - np.repeat(starts, lens)
+    return Packing(
+        order=torch.from_numpy(order).to(device),
+        ids=torch.from_numpy(ids).to(device),
+        segments=torch.from_numpy(seg).to(device),
+        positions=torch.from_numpy(positions).to(device),
+        cls=torch.from_numpy(starts).to(device),
+        starts=starts,
+        lengths=lens,
+        spare=spare,
+        ratio=ratio,
+        dtype=dtype,
+    )
+
+
+def attention_groups(
+    lens: np.ndarray, starts: np.ndarray, ratio: float, device: torch.device, dtype: torch.dtype
+) -> list[AttentionGroup]:
+    """Consecutive packed pairs (longest first) grouped while each is at least `ratio` of its group's longest,
+    each group one padded (b, t) block for torch's attention kernels."""
     groups = []
     i = 0
     while i < len(lens):
@@ -119,15 +149,7 @@ def pack(
             bias = torch.zeros(j - i, 1, 1, t, dtype=dtype).masked_fill(pad, torch.finfo(dtype).min).to(device)
         groups.append(AttentionGroup(gather.to(device), real, bias, j - i, t))
         i = j
-    return Packing(
-        order=torch.from_numpy(order).to(device),
-        ids=torch.from_numpy(ids).to(device),
-        segments=torch.from_numpy(seg).to(device),
-        positions=torch.from_numpy(positions).to(device),
-        cls=torch.from_numpy(starts).to(device),
-        groups=groups,
-        spare=spare,
-    )
+    return groups
 
 
 def token_slices(lengths: Sequence[int], max_tokens: int) -> list[slice]:

@@ -91,10 +91,11 @@ class RelevanceModel:
             module = module.to(self.device, DTYPES[dtype])
         self.cpu_kernels = "plain"  # or onednn-packed, fused, plain (probe failed: ...), as describe() reports
         self.attention = "sdpa"  # the packed forward's attention kernel (model.kernels.choose_attention)
+        self.attention_probe: dict[str, float] | None = None  # its start-up timings, where it ran
         torch_dtype = DTYPES[dtype]  # None for int8
         if onednn and torch_dtype is not None and self.device.type == "cpu":
             self.cpu_kernels = install_cpu_kernels(module, torch_dtype)
-            self.attention = choose_attention(module, torch_dtype)
+            self.attention, self.attention_probe = choose_attention(module, torch_dtype)
         self.onednn = self.cpu_kernels == "onednn-packed"
         # Without padding (model.packing.pack): measured on cpu only; cuda keeps padded batches.
         self.unpadded = unpadded and self.device.type == "cpu"
@@ -155,6 +156,7 @@ class RelevanceModel:
             "level_cuts": None if self.rule.cuts is None else list(self.rule.cuts),
             "cpu_kernels": self.cpu_kernels,
             "attention": self.attention,
+            "attention_probe": self.attention_probe,
             "inference": self.inference,
             "inference_reason": self.inference_reason,
             "inference_probe": self.inference_probe,
@@ -245,7 +247,7 @@ class RelevanceModel:
                 self.logits(ids, [[0] * length] * size)
 
     def use_attention(self, kind: str) -> None:
-        """The packed forward's attention kernel, "math" or "sdpa", whatever this CPU would choose (A/Bs)."""
+        """The packed forward's attention kernel, "sdpa", "math" or "fused", whatever this CPU would choose (A/Bs)."""
         self.attention = set_attention(self.module, kind)
 
     def save(self, path: str | Path, dtype: torch.dtype | None = None) -> None:

@@ -61,7 +61,8 @@ def test_onednn_keeps_float32_and_refuses_bfloat16_under_the_cap(tiny_checkpoint
     assert model.dtype == "float32" and model.describe()["cpu_kernels"] == want
     low = RelevanceModel.load(tiny_checkpoint, dtype="bfloat16")  # asked for explicitly: plain layers, emulated
     assert low.describe()["cpu_kernels"] == f"plain (probe failed: {bf16})"
-    assert model.describe()["attention"] == low.describe()["attention"] == "sdpa"  # emulated bf16: flash kept
+    # the per-group kernel is flash here (emulated bf16); the fused one serves where its start-up probe won
+    assert {model.describe()["attention"], low.describe()["attention"]} <= {"sdpa", "fused"}
 
 
 @capped

@@ -183,6 +183,7 @@ def test_broken_private_ops_fall_back_to_the_plain_layers(tiny_checkpoint, unpac
     assert kernels.startswith(f"plain (probe failed: {reason}") and kernels.endswith(")")
 
     fallback.warm_up(64)  # warms the plain layers without touching the broken ops
+    fallback.use_attention(unpacked.attention)  # the attention kernel does not depend on the linears' probe
     got = fallback.logits(encoded.input_ids, encoded.token_type_ids)
     with torch.inference_mode():  # the plain layers, without padding: the same computation exactly
         same = unpacked.module.forward_packed(encoded.input_ids, encoded.token_type_ids)
@@ -211,10 +212,12 @@ def test_math_attention_pays_only_for_native_bfloat16_without_amx(monkeypatch):
 
 @pytest.mark.parametrize("dtype, atol", [("float32", ATOL), ("bfloat16", 0.08)])
 def test_math_attention_and_flash_agree(tiny_checkpoint, unpacked, encoded, dtype, atol):
-    """The model describes the kernel this CPU chose; both kernels, forced in turn, give the reference's
-    logits (bfloat16: to its rounding), with and without a head mask."""
+    """The model describes the kernel this CPU chose (the per-group one by `math_attention_pays`, or the fused
+    one where its probe won: tests/model/test_fused_attention.py); both per-group kernels, forced in turn, give
+    the reference's logits (bfloat16: to its rounding), with and without a head mask."""
     m = RelevanceModel.load(tiny_checkpoint, dtype=dtype)
-    assert m.describe()["attention"] == ("math" if kernel_layer.math_attention_pays(getattr(torch, dtype)) else "sdpa")
+    grouped = "math" if kernel_layer.math_attention_pays(getattr(torch, dtype)) else "sdpa"
+    assert m.describe()["attention"] in (grouped, "fused")
     mask = torch.ones(2, 4)
     mask[1, 0] = 0
     for head_mask in (None, mask):
@@ -224,5 +227,5 @@ def test_math_attention_and_flash_agree(tiny_checkpoint, unpacked, encoded, dtyp
             assert m.describe()["attention"] == kind
             got = m.logits(encoded.input_ids, encoded.token_type_ids, head_mask)
             torch.testing.assert_close(got, want, atol=atol, rtol=0)
-    with pytest.raises(ValueError, match="'math' or 'sdpa'"):
+    with pytest.raises(ValueError, match="one of .*'sdpa', 'math', 'fused'"):
         m.use_attention("flash")

@@ -1,0 +1,247 @@
+/* Attention over packed pairs, fused: one call per layer reads the packed q/k/v rows in place and writes
+ * the context rows, with no padding, no gathers and no mask (model/fused_attention.py says why). Plain C
+ * with no Python or torch headers: an optional extension built at install and called through ctypes, so a
+ * machine without a compiler still installs, and runs torch's kernel instead.
+ *
+ * Pair p owns key/value rows kstart[p] .. kstart[p] + klen[p] - 1 and query rows qstart[p] .. + qlen[p] - 1
+ * (qlen = klen in a whole layer; 1 in the [CLS]-only last layer); its context rows go to the same rows of
+ * `out` as its query rows. Head h of a row is the hs elements from column h * hs of that row's q, k, v or
+ * out; rows are `*_stride` elements apart. dtype 0: float32; 1: bfloat16 (uint16 storage). The arithmetic is
+ * float32 either way; softmax as torch's (the row's max subtracted, exp, divided by the sum).
+ *
+ * Compiled for x86-64-v4 (AVX-512), v3 (AVX2 + FMA) and a baseline, chosen at load by the CPU (GCC's
+ * target_clones), so one binary serves every CPU an image lands on. 8-lane GCC vectors throughout. */
+
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef float v8 __attribute__((vector_size(32)));
+typedef float v8u __attribute__((vector_size(32), aligned(4))); /* unaligned loads and stores */
+typedef int32_t v8i __attribute__((vector_size(32)));
+typedef uint16_t v8h __attribute__((vector_size(16)));
+typedef uint16_t v8hu __attribute__((vector_size(16), aligned(2)));
+
+#define INLINE __attribute__((always_inline)) static inline
+#define LD(p) (*(const v8u *)(p))
+#define ST(p, x) (*(v8u *)(p) = (x))
+#define BC(x) ((v8){(x), (x), (x), (x), (x), (x), (x), (x)})
+#define QB 4 /* query rows per pass over a head's keys */
+
+INLINE v8 vmax(v8 a, v8 b) {
+    const v8i gt = a > b;
+    return (v8)(((v8i)a & gt) | ((v8i)b & ~gt));
+}
+
+/* exp(x) for x <= 0 (scores minus their max): Cephes' expf polynomial on x - n ln 2, scaled by 2^n through
+ * the exponent bits; within 2 ulp of expf where exp(x) is a normal number, ~1e-38 below -87. */
+INLINE v8 vexp_nonpos(v8 x) {
+    x = vmax(x, BC(-87.0f));
+    const v8 n = (x * BC(1.44269504088896341f) + BC(12582912.0f)) - BC(12582912.0f); /* round(x / ln 2) */
+    const v8 r = x - n * BC(0.693359375f) + n * BC(2.12194440e-4f);
+    v8 p = BC(1.9875691500e-4f);
+    p = p * r + BC(1.3981999507e-3f);
+    p = p * r + BC(8.3334519073e-3f);
+    p = p * r + BC(4.1665795894e-2f);
+    p = p * r + BC(1.6666665459e-1f);
+    p = p * r + BC(5.0000001201e-1f);
+    p = p * r * r + r + BC(1.0f);
+    const v8i bits = (__builtin_convertvector(n, v8i) + 127) << 23;
+    return p * (v8)bits;
+}
+
+/* 8 elements of a row, as float32 */
+INLINE v8 load8(int dtype, const void *base, int64_t i) {
+    if (dtype == 0) return LD((const float *)base + i);
+    const v8i w = __builtin_convertvector(*(const v8hu *)((const uint16_t *)base + i), v8i);
+    return (v8)(w << 16);
+}
+
+INLINE void store8(int dtype, void *base, int64_t i, v8 x) {
+    if (dtype == 0) {
+        ST((float *)base + i, x);
+        return;
+    }
+    const v8i u = (v8i)x;
+    const v8i r = (u + 0x7FFF + ((u >> 16) & 1)) >> 16; /* round to nearest even, as torch does */
+    *(v8hu *)((uint16_t *)base + i) = __builtin_convertvector(r & 0xFFFF, v8h);
+}
+
+/* __builtin_shufflevector: GCC 12 and clang alike */
+#define SHUF_lo(a, b) __builtin_shufflevector(a, b, 0, 8, 1, 9, 4, 12, 5, 13)
+#define SHUF_hi(a, b) __builtin_shufflevector(a, b, 2, 10, 3, 11, 6, 14, 7, 15)
+#define SHUF_ll(a, b) __builtin_shufflevector(a, b, 0, 1, 8, 9, 4, 5, 12, 13)
+#define SHUF_hh(a, b) __builtin_shufflevector(a, b, 2, 3, 10, 11, 6, 7, 14, 15)
+#define SHUF_f0(a, b) __builtin_shufflevector(a, b, 0, 1, 2, 3, 8, 9, 10, 11)
+#define SHUF_f1(a, b) __builtin_shufflevector(a, b, 4, 5, 6, 7, 12, 13, 14, 15)
+
+/* The 8 x 8 block transposed: c[k] = (r[0][k], ..., r[7][k]). */
+INLINE void transpose8(const v8 r[8], v8 c[8]) {
+    v8 t[8], u[8];
+    for (int i = 0; i < 4; i++) {
+        t[2 * i] = SHUF_lo(r[2 * i], r[2 * i + 1]);
+        t[2 * i + 1] = SHUF_hi(r[2 * i], r[2 * i + 1]);
+    }
+    for (int i = 0; i < 2; i++) {
+        u[4 * i] = SHUF_ll(t[4 * i], t[4 * i + 2]);
+        u[4 * i + 1] = SHUF_hh(t[4 * i], t[4 * i + 2]);
+        u[4 * i + 2] = SHUF_ll(t[4 * i + 1], t[4 * i + 3]);
+        u[4 * i + 3] = SHUF_hh(t[4 * i + 1], t[4 * i + 3]);
+    }
+    for (int k = 0; k < 4; k++) {
+        c[k] = SHUF_f0(u[k], u[k + 4]);
+        c[k + 4] = SHUF_f1(u[k], u[k + 4]);
+    }
+}
+
+/* One (pair, head). kt: hs x lp, the keys transposed (columns past L hold copies of real keys, never used);
+ * vv: L rows of hs, vs apart; qq: nq rows of hs, already scaled; s: QB x lp scratch; ctx: nq rows of hs.
+ * hs is a multiple of 8. */
+INLINE void attend(const float *restrict kt, const float *restrict vv, int64_t vs, const float *restrict qq,
+                   float *restrict ctx, float *restrict s, int64_t L, int64_t lp, int64_t hs, int64_t nq) {
+    for (int64_t i0 = 0; i0 < nq; i0 += QB) {
+        const int64_t nb = nq - i0 < QB ? nq - i0 : QB;
+        const float *q0 = qq + i0 * hs; /* rows past the block's repeat its first (computed, not used) */
+        const float *q1 = q0 + (nb > 1) * hs, *q2 = q0 + (nb > 2) * 2 * hs, *q3 = q0 + (nb > 3) * 3 * hs;
+        for (int64_t j = 0; j < lp; j += 16) { /* scores: QB rows x 16 keys in 8 accumulators */
+            v8 a00 = {0}, a01 = {0}, a10 = {0}, a11 = {0}, a20 = {0}, a21 = {0}, a30 = {0}, a31 = {0};
+            for (int64_t d = 0; d < hs; d++) {
+                const v8 k0 = LD(kt + d * lp + j), k1 = LD(kt + d * lp + j + 8);
+                v8 b = BC(q0[d]);
+                a00 += b * k0, a01 += b * k1;
+                b = BC(q1[d]);
+                a10 += b * k0, a11 += b * k1;
+                b = BC(q2[d]);
+                a20 += b * k0, a21 += b * k1;
+                b = BC(q3[d]);
+                a30 += b * k0, a31 += b * k1;
+            }
+            ST(s + j, a00), ST(s + j + 8, a01), ST(s + lp + j, a10), ST(s + lp + j + 8, a11);
+            ST(s + 2 * lp + j, a20), ST(s + 2 * lp + j + 8, a21);
+            ST(s + 3 * lp + j, a30), ST(s + 3 * lp + j + 8, a31);
+        }
+        float inv[QB];
+        for (int64_t r = 0; r < nb; r++) { /* softmax over the pair's L keys, normalised at the end */
+            float *sr = s + r * lp;
+            for (int64_t j = L; j < lp; j++) sr[j] = -INFINITY; /* no key: exp gives ~1e-38, never read */
+            v8 m = BC(-INFINITY);
+            for (int64_t j = 0; j < lp; j += 8) m = vmax(m, LD(sr + j));
+            float mx = m[0];
+            for (int i = 1; i < 8; i++) mx = m[i] > mx ? m[i] : mx;
+            v8 sum = {0};
+            for (int64_t j = 0; j < lp; j += 8) {
+                const v8 e = vexp_nonpos(LD(sr + j) - BC(mx));
+                ST(sr + j, e);
+                sum += e;
+            }
+            inv[r] = 1.0f / (sum[0] + sum[1] + sum[2] + sum[3] + sum[4] + sum[5] + sum[6] + sum[7]);
+        }
+        for (int64_t r = 0; r < nb; r += 2) { /* context: 2 rows x 32 columns of the head at a time */
+            const float *p0 = s + r * lp, *p1 = s + (r + 1 < nb ? r + 1 : r) * lp;
+            int64_t d0 = 0;
+            for (; d0 + 32 <= hs; d0 += 32) {
+                v8 c00 = {0}, c01 = {0}, c02 = {0}, c03 = {0}, c10 = {0}, c11 = {0}, c12 = {0}, c13 = {0};
+                for (int64_t j = 0; j < L; j++) {
+                    const float *vj = vv + j * vs + d0;
+                    const v8 v0 = LD(vj), v1 = LD(vj + 8), v2 = LD(vj + 16), v3 = LD(vj + 24);
+                    v8 b = BC(p0[j]);
+                    c00 += b * v0, c01 += b * v1, c02 += b * v2, c03 += b * v3;
+                    b = BC(p1[j]);
+                    c10 += b * v0, c11 += b * v1, c12 += b * v2, c13 += b * v3;
+                }
+                float *o = ctx + (i0 + r) * hs + d0;
+                const v8 w0 = BC(inv[r]);
+                ST(o, c00 * w0), ST(o + 8, c01 * w0), ST(o + 16, c02 * w0), ST(o + 24, c03 * w0);
+                if (r + 1 < nb) {
+                    const v8 w1 = BC(inv[r + 1]);
+                    o += hs;
+                    ST(o, c10 * w1), ST(o + 8, c11 * w1), ST(o + 16, c12 * w1), ST(o + 24, c13 * w1);
+                }
+            }
+            for (; d0 < hs; d0 += 8) { /* head sizes that are not a multiple of 32: 8 columns at a time */
+                v8 c0 = {0}, c1 = {0};
+                for (int64_t j = 0; j < L; j++) {
+                    const v8 v0 = LD(vv + j * vs + d0);
+                    c0 += BC(p0[j]) * v0, c1 += BC(p1[j]) * v0;
+                }
+                float *o = ctx + (i0 + r) * hs + d0;
+                ST(o, c0 * BC(inv[r]));
+                if (r + 1 < nb) ST(o + hs, c1 * BC(inv[r + 1]));
+            }
+        }
+    }
+}
+
+#if defined(__x86_64__) && (defined(__clang__) || defined(__GNUC__)) && !defined(QTREL_NO_CLONES)
+#define CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+#else
+#define CLONES /* other architectures, or one ISA forced by the flags (the tests build each): as compiled */
+#endif
+
+CLONES static void run(int dtype, const void *q, int64_t q_stride, const void *k, int64_t k_stride, const void *v,
+                int64_t v_stride, void *out, int64_t o_stride, const int64_t *qstart, const int64_t *qlen,
+                const int64_t *kstart, const int64_t *klen, int64_t npairs, int64_t nh, int64_t hs, float scale,
+                const float *head_mask, float *buf, int64_t maxk, int64_t maxq) {
+    const int64_t maxlp = (maxk + 15) / 16 * 16;
+    float *kt = buf, *vv = kt + hs * maxlp, *qq = vv + maxk * hs, *ctx = qq + maxq * hs, *s = ctx + maxq * hs;
+    for (int64_t p = 0; p < npairs; p++) {
+        const int64_t L = klen[p], nq = qlen[p], lp = (L + 15) / 16 * 16, k0 = kstart[p], q0 = qstart[p];
+        if (L == 0 || nq == 0) continue;
+        for (int64_t h = 0; h < nh; h++) {
+            const int64_t col = h * hs;
+            const float w = head_mask ? head_mask[h] : 1.0f;
+            if (w == 0.0f) { /* a silenced head contributes zeros */
+                for (int64_t i = 0; i < nq; i++)
+                    for (int64_t d = 0; d < hs; d += 8) store8(dtype, out, (q0 + i) * o_stride + col + d, BC(0.0f));
+                continue;
+            }
+            for (int64_t j0 = 0; j0 < lp; j0 += 8) /* keys transposed, 8 x 8 at a time */
+                for (int64_t d0 = 0; d0 < hs; d0 += 8) {
+                    v8 r[8], c[8];
+                    for (int i = 0; i < 8; i++) { /* rows past L repeat the last key */
+                        const int64_t j = j0 + i < L ? j0 + i : L - 1;
+                        r[i] = load8(dtype, k, (k0 + j) * k_stride + col + d0);
+                    }
+                    transpose8(r, c);
+                    for (int i = 0; i < 8; i++) ST(kt + (d0 + i) * lp + j0, c[i]);
+                }
+            const float *vsrc = (const float *)v + k0 * v_stride + col; /* float32: read in place */
+            int64_t vs = v_stride;
+            if (dtype != 0) {
+                for (int64_t j = 0; j < L; j++)
+                    for (int64_t d = 0; d < hs; d += 8) ST(vv + j * hs + d, load8(dtype, v, (k0 + j) * v_stride + col + d));
+                vsrc = vv, vs = hs;
+            }
+            for (int64_t i = 0; i < nq; i++)
+                for (int64_t d = 0; d < hs; d += 8)
+                    ST(qq + i * hs + d, load8(dtype, q, (q0 + i) * q_stride + col + d) * BC(scale));
+            attend(kt, vsrc, vs, qq, ctx, s, L, lp, hs, nq);
+            for (int64_t i = 0; i < nq; i++)
+                for (int64_t d = 0; d < hs; d += 8)
+                    store8(dtype, out, (q0 + i) * o_stride + col + d, LD(ctx + i * hs + d) * BC(w));
+        }
+    }
+}
+
+/* Returns 0; -1 when scratch memory cannot be had, -2 for a head size that is not a multiple of 8 (nothing
+ * written then). The caller checks that every row it names lies inside its tensors. */
+int qtrel_packed_attention(int dtype, const void *q, int64_t q_stride, const void *k, int64_t k_stride,
+                           const void *v, int64_t v_stride, void *out, int64_t o_stride, const int64_t *qstart,
+                           const int64_t *qlen, const int64_t *kstart, const int64_t *klen, int64_t npairs,
+                           int64_t nh, int64_t hs, float scale, const float *head_mask) {
+    if (hs <= 0 || hs % 8) return -2;
+    int64_t maxk = 0, maxq = 0;
+    for (int64_t p = 0; p < npairs; p++) {
+        if (klen[p] > maxk) maxk = klen[p];
+        if (qlen[p] > maxq) maxq = qlen[p];
+    }
+    if (maxk == 0 || maxq == 0) return 0;
+    const int64_t maxlp = (maxk + 15) / 16 * 16;
+    float *buf = malloc(sizeof(float) * (size_t)(hs * maxlp + maxk * hs + 2 * maxq * hs + QB * maxlp));
+    if (!buf) return -1;
+    run(dtype, q, q_stride, k, k_stride, v, v_stride, out, o_stride, qstart, qlen, kstart, klen, npairs, nh, hs,
+        scale, head_mask, buf, maxk, maxq);
+    free(buf);
+    return 0;
+}

@@ -1,0 +1,266 @@
+"""The fused packed attention kernel (model/_attention.c through model.fused_attention): against a float64
+reference per pair, on every ISA build this CPU can run; its refusals; and the model path that uses it."""
+
+from __future__ import annotations
+
+import platform
+import shutil
+import subprocess
+import threading
+import time
+
+import numpy as np
+import pytest
+import torch
+
+from model import fused_attention as fa
+from model import kernels as kernel_layer
+from model.bert import BertForRelevance
+from model.config import BertConfig
+from model.device import cpu_flags
+from model.relevance import RelevanceModel
+from tests.conftest import read_pairs
+
+pytestmark = pytest.mark.skipif(not fa.available()[0], reason=f"fused attention not built: {fa.available()[1]}")
+
+
+def reference(q, k, v, qs, ql, ks, kl, nh, hs, mask=None):
+    """Per pair and head, softmax(q k^T / sqrt(hs)) v in float64: the context rows at q's rows."""
+    out = {}
+    for a, n, b, m in zip(qs, ql, ks, kl):
+        qq = q[a : a + n, : nh * hs].double().view(n, nh, hs).transpose(0, 1)
+        kk = k[b : b + m, : nh * hs].double().view(m, nh, hs).transpose(0, 1)
+        vv = v[b : b + m, : nh * hs].double().view(m, nh, hs).transpose(0, 1)
+        ctx = torch.softmax(qq @ kk.transpose(1, 2) * hs**-0.5, -1) @ vv  # (nh, n, hs)
+        if mask is not None:
+            ctx = ctx * mask.double().view(nh, 1, 1)
+        for i in range(n):
+            out[a + i] = ctx[:, i].reshape(-1)
+    return out
+
+
+def layout(lengths, seed=0):
+    """A packed layout: pairs back to back, a few filler rows after (as a token bucket leaves)."""
+    ln = np.array(lengths, dtype=np.int64)
+    st = np.cumsum(ln) - ln
+    return st, ln, int(ln.sum()) + 5
+
+
+CASES = [  # lengths, heads, head size
+    ([1], 1, 8),
+    ([2, 1, 3], 2, 8),
+    ([7, 8, 9, 15, 16, 17], 4, 8),
+    ([33, 20, 14, 14, 40], 12, 32),
+    ([128, 64, 3], 3, 64),
+    ([512, 30], 2, 32),
+    ([24, 11], 2, 40),  # a multiple of 8, not of 32: the kernel's 8-column tail
+    ([19, 5, 26], 6, 16),
+]
+
+
+def check(lengths, nh, hs, dtype, lib=None, cls_only=False, mask=None, monkeypatch=None):
+    st, ln, n = layout(lengths)
+    g = torch.Generator().manual_seed(len(lengths) * 131 + nh * 7 + hs)
+    w = nh * hs
+    qkv = (torch.randn(n, 3 * w + 4, generator=g) * 2).to(dtype)  # 4 extra columns: the slices are strided
+    q, k, v = qkv[:, :w], qkv[:, w : 2 * w], qkv[:, 2 * w : 3 * w]
+    qs, ql = st, ln
+    if cls_only:  # one query per pair, from its own matrix (the last layer's [CLS] rows)
+        q = q.index_select(0, torch.from_numpy(st)).contiguous()
+        qs, ql = np.arange(len(ln)), np.ones(len(ln), np.int64)
+    out = torch.full((len(q), w), 7.0, dtype=dtype)  # rows no pair names must keep this
+    if lib is not None:
+        monkeypatch.setattr(fa, "_library", lambda: (lib, ""))
+    fa.packed_attention(q, k, v, out, qs, ql, st, ln, nh, hs, mask)
+    want = reference(q.float(), k.float(), v.float(), qs, ql, st, ln, nh, hs, mask)
+    tol = 1e-5 if dtype == torch.float32 else 2e-2
+    named = set(want)
+    for r in range(len(q)):
+        if r in named:
+            torch.testing.assert_close(out[r].double(), want[r], atol=tol, rtol=tol if dtype == torch.float32 else 1e-2)
+        else:
+            assert torch.all(out[r] == 7.0), f"row {r} belongs to no pair and was written"
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["float32", "bfloat16"])
+@pytest.mark.parametrize("lengths, nh, hs", CASES)
+def test_matches_reference(lengths, nh, hs, dtype):
+    check(lengths, nh, hs, dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["float32", "bfloat16"])
+def test_cls_rows_and_head_mask(dtype):
+    """One query per pair (the [CLS]-only last layer) and a head mask that silences one head and halves
+    another, as the head-analysis routes send."""
+    mask = torch.tensor([1.0, 0.0, 0.5, 1.0])
+    check([9, 31, 4, 17], 4, 32, dtype, cls_only=True, mask=mask)
+    check([9, 31, 4, 17], 4, 32, dtype, mask=mask)
+
+
+def isa_builds():
+    """(name, -march) for the builds of one ISA each that this CPU can run: the baseline always."""
+    flags = cpu_flags()
+    out = [("baseline", "x86-64")]
+    if {"avx2", "fma"} <= flags:
+        out.append(("avx2", "x86-64-v3"))
+    if {"avx512f", "avx512bw", "avx512vl", "avx512dq"} <= flags:
+        out.append(("avx512", "x86-64-v4"))
+    return out
+
+
+@pytest.mark.skipif(shutil.which("cc") is None or platform.machine() != "x86_64", reason="x86-64 builds need cc")
+@pytest.mark.parametrize("name, march", isa_builds())
+def test_every_isa_build_matches_reference(name, march, tmp_path, monkeypatch):
+    """The installed library picks its AVX-512, AVX2 or baseline code by the CPU; each of the three, built
+    alone, must agree with the reference, so the code a user on another CPU runs is tested here too."""
+    src = fa._HERE / "_attention.c"
+    so = tmp_path / f"attention-{name}.so"
+    flags = ["-O3", "-shared", "-fPIC", "-Wno-psabi", f"-march={march}", "-DQTREL_NO_CLONES"]
+    subprocess.run(["cc", *flags, "-o", str(so), str(src)], check=True)
+    lib = fa.bind(so)
+    for dtype in (torch.float32, torch.bfloat16):
+        check([33, 20, 14, 14, 40], 12, 32, dtype, lib=lib, monkeypatch=monkeypatch)
+        check([24, 11, 1], 2, 40, dtype, lib=lib, monkeypatch=monkeypatch)
+        check([9, 31, 4, 17], 4, 32, dtype, lib=lib, cls_only=True, mask=torch.tensor([1.0, 0.0, 0.5, 1.0]),
+              monkeypatch=monkeypatch)  # fmt: skip
+
+
+def test_refuses_what_it_cannot_compute():
+    """Every bound the C side trusts is checked first: a bad call is a ValueError, never a crash."""
+    st, ln = np.array([0, 5]), np.array([5, 3])
+    x = torch.randn(8, 3 * 64)
+    q, k, v = x[:, :64], x[:, 64:128], x[:, 128:]
+    out = torch.empty(8, 64)
+    with pytest.raises(ValueError, match="outside"):
+        fa.packed_attention(q, k, v, out, st, ln, st, np.array([5, 4]), 2, 32)
+    with pytest.raises(ValueError, match="outside"):
+        fa.packed_attention(q, k, v, out, np.array([-1, 5]), ln, st, ln, 2, 32)
+    with pytest.raises(ValueError, match="one entry per pair"):
+        fa.packed_attention(q, k, v, out, st, ln[:1], st, ln, 2, 32)
+    with pytest.raises(ValueError, match="unsupported"):
+        fa.packed_attention(q.half(), k.half(), v.half(), out.half(), st, ln, st, ln, 2, 32)
+    with pytest.raises(ValueError, match="unsupported"):
+        fa.packed_attention(q, k, v, out, st, ln, st, ln, 3, 20)  # head size 20: not a multiple of 8
+    with pytest.raises(ValueError, match="unit-stride"):
+        fa.packed_attention(q, k, v.t().contiguous().t(), out, st, ln, st, ln, 2, 32)
+    with pytest.raises(ValueError, match="at least 96"):
+        fa.packed_attention(q, k, v, out, st, ln, st, ln, 3, 32)  # 3 heads of 32 do not fit in 64 columns
+    with pytest.raises(ValueError, match="head_mask"):
+        fa.packed_attention(q, k, v, out, st, ln, st, ln, 2, 32, torch.ones(3))
+    with pytest.raises(ValueError, match="as many rows"):
+        fa.packed_attention(q, k, v, torch.empty(7, 64), st, ln, st, ln, 2, 32)
+
+
+def test_releases_the_gil():
+    """The forward workers run batches on threads: the kernel must not hold the GIL while it works. A thread
+    counts while one long call runs: it must count at a good part of its free rate (holding the GIL, the
+    call would leave it only the Python around the call: ~3% of that rate, measured with ctypes.PyDLL)."""
+    st, ln, n = layout([512] * 16)
+    x = torch.randn(n, 3 * 384)
+    q, k, v = x[:, :384], x[:, 384:768], x[:, 768:]
+    out = torch.empty(n, 384)
+    ticks = [0]
+    stop = threading.Event()
+
+    def tick():
+        while not stop.is_set():
+            ticks[0] += 1
+
+    t = threading.Thread(target=tick)
+    t.start()
+    try:
+        while ticks[0] == 0:
+            pass
+        before, t0 = ticks[0], time.perf_counter()
+        time.sleep(0.1)  # the main thread asleep: the counter's free rate
+        rate = (ticks[0] - before) / (time.perf_counter() - t0)
+        before, t0 = ticks[0], time.perf_counter()
+        fa.packed_attention(q, k, v, out, st, ln, st, ln, 12, 32)
+        during, elapsed = ticks[0] - before, time.perf_counter() - t0
+    finally:
+        stop.set()
+        t.join()
+    assert during > 0.25 * rate * elapsed, (during, rate, elapsed)
+
+
+# --- the model path ------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def encoded(unpacked):
+    """16 English and 8 Chinese pairs of differing lengths."""
+    return unpacked.encode(read_pairs(16) + read_pairs(8, "qbqtc"))
+
+
+@pytest.mark.parametrize("dtype, atol", [("float32", 1e-5), ("bfloat16", 0.08)])
+def test_model_kernels_agree(tiny_checkpoint, unpacked, encoded, dtype, atol):
+    """The packed forward with the fused kernel gives the padded reference's logits, with and without a head
+    mask; at 2 torch threads it hands the work to torch's kernels (still the same logits)."""
+    m = RelevanceModel.load(tiny_checkpoint, dtype=dtype)
+    mask = torch.ones(2, 4)
+    mask[1, 0] = 0
+    m.use_attention("fused")
+    assert m.describe()["attention"] == "fused"
+    want = {}
+    for name, head_mask in (("plain", None), ("masked", mask)):
+        want[name] = unpacked.logits(encoded.input_ids, encoded.token_type_ids, head_mask)
+        got = m.logits(encoded.input_ids, encoded.token_type_ids, head_mask)
+        torch.testing.assert_close(got, want[name], atol=atol, rtol=0)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        got = m.logits(encoded.input_ids, encoded.token_type_ids)
+        torch.testing.assert_close(got, want["plain"], atol=atol, rtol=0)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def test_pruned_layers(tmp_path):
+    """Layers with different head counts (pruning) each call the kernel with their own."""
+    cfg = BertConfig(vocab_size=50, hidden_size=64, num_hidden_layers=3, num_attention_heads=4, intermediate_size=64,
+                     max_position_embeddings=64, pruned_heads={0: [1, 3], 2: [0]})  # fmt: skip
+    module = BertForRelevance(cfg)
+    module.init_weights(seed=3)
+    module.eval()
+    g = torch.Generator().manual_seed(1)
+    ids = [torch.randint(1, 50, (n,), generator=g).tolist() for n in (5, 17, 9, 30, 1)]
+    seg = [[0] * len(x) for x in ids]
+    with torch.inference_mode():
+        kernel_layer.set_attention(module, "sdpa")
+        want = module.forward_packed(ids, seg)
+        kernel_layer.set_attention(module, "fused")
+        got = module.forward_packed(ids, seg)
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=0)
+
+
+def test_choice_probe_and_fallback(tiny_checkpoint, monkeypatch):
+    """Where the library is built, the start-up probe times both kernels and the faster serves (both figures in
+    /info's model block); where it is not, the per-group kernel serves and forcing "fused" says why."""
+    m = RelevanceModel.load(tiny_checkpoint)
+    d = m.describe()
+    probe = d["attention_probe"]
+    assert set(probe) == {"sdpa", "fused"} and all(v > 0 for v in probe.values())
+    assert d["attention"] == ("fused" if probe["fused"] < probe["sdpa"] else "sdpa")
+    monkeypatch.setattr(fa, "_library", lambda: (None, "not built (no C compiler at install?)"))
+    m = RelevanceModel.load(tiny_checkpoint)
+    assert m.describe()["attention"] == "sdpa" and m.describe()["attention_probe"] is None
+    with pytest.raises(ValueError, match="no C compiler"):
+        m.use_attention("fused")
+
+
+@pytest.mark.slow
+def test_default_model_levels_unchanged():
+    """The real MiniLM on real dev pairs: the fused kernel keeps float32's logits to 1e-5 and every level."""
+    m = RelevanceModel.load(fa._HERE / "default", dtype="float32")
+    enc = m.encode(read_pairs(256))
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    out = {}
+    try:
+        for kind in ("sdpa", "fused"):
+            m.use_attention(kind)
+            out[kind] = torch.cat(
+                [m.logits(enc.input_ids[i : i + 32], enc.token_type_ids[i : i + 32]) for i in range(0, 256, 32)]
+            )
+    finally:
+        torch.set_num_threads(threads)
+    torch.testing.assert_close(out["fused"], out["sdpa"], atol=1e-5, rtol=0)
+    assert torch.equal(out["fused"].argmax(-1), out["sdpa"].argmax(-1))
