@@ -20,6 +20,7 @@
 typedef float v8 __attribute__((vector_size(32)));
 typedef float v8u __attribute__((vector_size(32), aligned(4))); /* unaligned loads and stores */
 typedef int32_t v8i __attribute__((vector_size(32)));
+typedef uint32_t v8w __attribute__((vector_size(32)));
 typedef uint16_t v8h __attribute__((vector_size(16)));
 typedef uint16_t v8hu __attribute__((vector_size(16), aligned(2)));
 
@@ -63,9 +64,9 @@ INLINE void store8(int dtype, void *base, int64_t i, v8 x) {
         ST((float *)base + i, x);
         return;
     }
-    const v8i u = (v8i)x;
-    const v8i r = (u + 0x7FFF + ((u >> 16) & 1)) >> 16; /* round to nearest even, as torch does */
-    *(v8hu *)((uint16_t *)base + i) = __builtin_convertvector(r & 0xFFFF, v8h);
+    const v8w u = (v8w)x;
+    const v8w r = (u + 0x7FFFu + ((u >> 16) & 1u)) >> 16; /* round to nearest even, as torch does */
+    *(v8hu *)((uint16_t *)base + i) = __builtin_convertvector(r, v8h);
 }
 
 /* __builtin_shufflevector: GCC 12 and clang alike */
@@ -126,9 +127,15 @@ INLINE void attend(const float *restrict kt, const float *restrict vv, int64_t v
             float *sr = s + r * lp;
             for (int64_t j = L; j < lp; j++) sr[j] = -INFINITY; /* no key: exp gives ~1e-38, never read */
             v8 m = BC(-INFINITY);
-            for (int64_t j = 0; j < lp; j += 8) m = vmax(m, LD(sr + j));
+            v8i nan = {0};
+            for (int64_t j = 0; j < lp; j += 8) {
+                const v8 x = LD(sr + j);
+                m = vmax(m, x);
+                nan |= x != x;
+            }
             float mx = m[0];
-            for (int i = 1; i < 8; i++) mx = m[i] > mx ? m[i] : mx;
+            int bad = 0;
+            for (int i = 0; i < 8; i++) mx = m[i] > mx ? m[i] : mx, bad |= nan[i];
             v8 sum = {0};
             for (int64_t j = 0; j < lp; j += 8) {
                 const v8 e = vexp_nonpos(LD(sr + j) - BC(mx));
@@ -136,6 +143,7 @@ INLINE void attend(const float *restrict kt, const float *restrict vv, int64_t v
                 sum += e;
             }
             inv[r] = 1.0f / (sum[0] + sum[1] + sum[2] + sum[3] + sum[4] + sum[5] + sum[6] + sum[7]);
+            if (bad || !(mx <= 3.4e38f)) inv[r] = NAN; /* a NaN or infinite score: NaN, as torch gives */
         }
         for (int64_t r = 0; r < nb; r += 2) { /* context: 2 rows x 32 columns of the head at a time */
             const float *p0 = s + r * lp, *p1 = s + (r + 1 < nb ? r + 1 : r) * lp;

@@ -94,18 +94,19 @@ class SelfAttention(nn.Module):
         # Instead of qkv in the last layer (model.kernels): q for the [CLS] rows apart from k/v for every token.
         self.cls_q: OneDNNLinear | nn.Linear | None = None
         self.cls_kv: OneDNNLinear | nn.Linear | None = None
-        # the packed forward's kernel, set by model.kernels: "sdpa" (torch's, per group), "math" (per group)
-        # or "fused" (model.fused_attention: one call over every pair's rows in place)
+        # the packed forward's kernel, set by model.kernels: "fused" (model.fused_attention: one call over every
+        # pair's rows in place) or a per-group one, `grouped`: "sdpa" (torch's) or "math"
         self.kernel = "sdpa"
+        self.grouped = "sdpa"  # also where "fused" cannot run (several threads, autograd)
 
     def _attend(self, q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None) -> Tensor:
-        if self.kernel == "math":
+        if self.grouped == "math":
             return math_attention(q, k, v, bias)
         return F.scaled_dot_product_attention(q, k, v, attn_mask=bias)
 
     def _fused(self) -> bool:
-        # single-threaded: where torch has more threads for this forward, its kernels split the work
-        return self.kernel == "fused" and torch.get_num_threads() == 1
+        # single-threaded: on more torch threads their kernels split the work; no autograd through ctypes
+        return self.kernel == "fused" and torch.get_num_threads() == 1 and not torch.is_grad_enabled()
 
     def forward(
         self, x: Tensor, bias: Tensor, head_mask: Tensor | None, return_probs: bool

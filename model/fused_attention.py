@@ -100,13 +100,17 @@ def packed_attention(
     n = len(kstart)
     if not (len(qstart) == len(qlen) == len(klen) == n):
         raise ValueError("qstart, qlen, kstart and klen need one entry per pair")
-    # the C side trusts every row it is given: out of bounds here would be a crash there
+    # the C side trusts every row it is given: out of bounds here would be a crash there (compared without
+    # adding, which could wrap); every pair needs a key, or its query rows would be left unwritten
     if n and (
-        min(qstart.min(), qlen.min(), kstart.min(), klen.min()) < 0
-        or (qstart + qlen).max() > nq
-        or (kstart + klen).max() > nk
+        min(qstart.min(), qlen.min(), kstart.min()) < 0
+        or klen.min() < 1
+        or np.any(qstart > nq)
+        or np.any(qlen > nq - qstart)
+        or np.any(kstart > nk)
+        or np.any(klen > nk - kstart)
     ):
-        raise ValueError("a pair's rows lie outside q, k or v")
+        raise ValueError("a pair's rows lie outside q, k or v, or it has no key")
     mask = None
     if head_mask is not None:
         mask = head_mask.detach().to("cpu", torch.float32).contiguous()

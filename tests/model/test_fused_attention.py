@@ -149,12 +149,33 @@ def test_refuses_what_it_cannot_compute():
         fa.packed_attention(q, k, v, out, st, ln, st, ln, 2, 32, torch.ones(3))
     with pytest.raises(ValueError, match="as many rows"):
         fa.packed_attention(q, k, v, torch.empty(7, 64), st, ln, st, ln, 2, 32)
+    huge = np.array([2**62, 2**62])  # start + length wraps in int64: must not pass as in bounds
+    with pytest.raises(ValueError, match="outside"):
+        fa.packed_attention(q, k, v, out, huge, huge, st, ln, 2, 32)
+    with pytest.raises(ValueError, match="no key"):  # its query rows would be left unwritten
+        fa.packed_attention(q, k, v, out, st, ln, st, np.array([5, 0]), 2, 32)
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
+def test_non_finite_inputs_as_torch(bad):
+    """A NaN or infinite key gives what torch's softmax gives (NaN where a score is NaN or +inf, a zero weight
+    where it is -inf), not a finite answer built on it; the other pair is unaffected."""
+    st, ln = np.array([0, 4]), np.array([4, 3])
+    x = torch.randn(7, 3 * 32, generator=torch.Generator().manual_seed(5))
+    x[1, 32] = bad  # a key of pair 0
+    q, k, v = x[:, :32], x[:, 32:64], x[:, 64:]
+    out = fa.packed_attention(q, k, v, torch.empty(7, 32), st, ln, st, ln, 1, 32)
+    want = reference(q, k, v, st, ln, st, ln, 1, 32)
+    assert torch.isnan(out[:4]).any()
+    for r in range(7):
+        torch.testing.assert_close(out[r].double(), want[r], atol=1e-5, rtol=1e-5, equal_nan=True)
 
 
 def test_releases_the_gil():
     """The forward workers run batches on threads: the kernel must not hold the GIL while it works. A thread
     counts while one long call runs: it must count at a good part of its free rate (holding the GIL, the
-    call would leave it only the Python around the call: ~3% of that rate, measured with ctypes.PyDLL)."""
+    call would leave it only the Python around the call: ~4% of that rate, measured with ctypes.PyDLL; released,
+    ~100%)."""
     st, ln, n = layout([512] * 16)
     x = torch.randn(n, 3 * 384)
     q, k, v = x[:, :384], x[:, 384:768], x[:, 768:]
@@ -180,7 +201,7 @@ def test_releases_the_gil():
     finally:
         stop.set()
         t.join()
-    assert during > 0.25 * rate * elapsed, (during, rate, elapsed)
+    assert during > 0.15 * rate * elapsed, (during, rate, elapsed)
 
 
 # --- the model path ------------------------------------------------------------------------------------
@@ -191,7 +212,7 @@ def encoded(unpacked):
 
 
 @pytest.mark.parametrize("dtype, atol", [("float32", 1e-5), ("bfloat16", 0.08)])
-def test_model_kernels_agree(tiny_checkpoint, unpacked, encoded, dtype, atol):
+def test_model_kernels_agree(tiny_checkpoint, unpacked, encoded, dtype, atol, monkeypatch):
     """The packed forward with the fused kernel gives the padded reference's logits, with and without a head
     mask; at 2 torch threads it hands the work to torch's kernels (still the same logits)."""
     m = RelevanceModel.load(tiny_checkpoint, dtype=dtype)
@@ -199,11 +220,14 @@ def test_model_kernels_agree(tiny_checkpoint, unpacked, encoded, dtype, atol):
     mask[1, 0] = 0
     m.use_attention("fused")
     assert m.describe()["attention"] == "fused"
+    calls = count_calls(monkeypatch)
     want = {}
     for name, head_mask in (("plain", None), ("masked", mask)):
         want[name] = unpacked.logits(encoded.input_ids, encoded.token_type_ids, head_mask)
         got = m.logits(encoded.input_ids, encoded.token_type_ids, head_mask)
         torch.testing.assert_close(got, want[name], atol=atol, rtol=0)
+    assert calls == [2, 2]  # per forward: one per layer, the last at [CLS] only
+    calls.clear()
     threads = torch.get_num_threads()
     torch.set_num_threads(2)
     try:
@@ -211,9 +235,32 @@ def test_model_kernels_agree(tiny_checkpoint, unpacked, encoded, dtype, atol):
         torch.testing.assert_close(got, want["plain"], atol=atol, rtol=0)
     finally:
         torch.set_num_threads(threads)
+    assert calls == [0]  # two threads: one forward, on the per-group kernel
 
 
-def test_pruned_layers(tmp_path):
+def count_calls(monkeypatch) -> list[int]:
+    """Fused kernel calls per forward, recorded while the test runs (so a test sees the kernel really ran)."""
+    import model.bert as bert
+
+    calls: list[int] = []
+    real = bert.packed_attention
+
+    def counted(*a, **k):
+        calls[-1] += 1
+        return real(*a, **k)
+
+    real_forward = bert.BertEncoder.forward_packed
+
+    def forward(self, *a, **k):
+        calls.append(0)
+        return real_forward(self, *a, **k)
+
+    monkeypatch.setattr(bert, "packed_attention", counted)
+    monkeypatch.setattr(bert.BertEncoder, "forward_packed", forward)
+    return calls
+
+
+def test_pruned_layers(monkeypatch):
     """Layers with different head counts (pruning) each call the kernel with their own."""
     cfg = BertConfig(vocab_size=50, hidden_size=64, num_hidden_layers=3, num_attention_heads=4, intermediate_size=64,
                      max_position_embeddings=64, pruned_heads={0: [1, 3], 2: [0]})  # fmt: skip
@@ -227,8 +274,10 @@ def test_pruned_layers(tmp_path):
         kernel_layer.set_attention(module, "sdpa")
         want = module.forward_packed(ids, seg)
         kernel_layer.set_attention(module, "fused")
+        calls = count_calls(monkeypatch)
         got = module.forward_packed(ids, seg)
     torch.testing.assert_close(got, want, atol=1e-5, rtol=0)
+    assert calls == [3]
 
 
 def test_choice_probe_and_fallback(tiny_checkpoint, monkeypatch):
@@ -238,7 +287,7 @@ def test_choice_probe_and_fallback(tiny_checkpoint, monkeypatch):
     d = m.describe()
     probe = d["attention_probe"]
     assert set(probe) == {"sdpa", "fused"} and all(v > 0 for v in probe.values())
-    assert d["attention"] == ("fused" if probe["fused"] < probe["sdpa"] else "sdpa")
+    assert d["attention"] == ("fused" if probe["fused"] * kernel_layer.PROBE_MARGIN < probe["sdpa"] else "sdpa")
     monkeypatch.setattr(fa, "_library", lambda: (None, "not built (no C compiler at install?)"))
     m = RelevanceModel.load(tiny_checkpoint)
     assert m.describe()["attention"] == "sdpa" and m.describe()["attention_probe"] is None
