@@ -238,6 +238,23 @@ def test_model_kernels_agree(tiny_checkpoint, unpacked, encoded, dtype, atol, mo
     assert calls == [0]  # two threads: one forward, on the per-group kernel
 
 
+def test_long_pairs_go_to_the_per_group_kernel(tiny_checkpoint, unpacked, encoded, monkeypatch):
+    """A batch whose longest pair is over FUSED_MAX_TOKENS (where torch's kernel measured faster) attends per
+    group; shorter batches stay fused. The same logits either way."""
+    import model.bert as bert
+
+    m = RelevanceModel.load(tiny_checkpoint)
+    m.use_attention("fused")
+    longest = max(len(x) for x in encoded.input_ids)
+    want = unpacked.logits(encoded.input_ids, encoded.token_type_ids)
+    for limit, fused in ((longest - 1, False), (longest, True)):
+        monkeypatch.setattr(bert, "FUSED_MAX_TOKENS", limit)
+        calls = count_calls(monkeypatch)
+        torch.testing.assert_close(m.logits(encoded.input_ids, encoded.token_type_ids), want, atol=1e-5, rtol=0)
+        assert calls == [2 if fused else 0]
+        monkeypatch.undo()
+
+
 def count_calls(monkeypatch) -> list[int]:
     """Fused kernel calls per forward, recorded while the test runs (so a test sees the kernel really ran)."""
     import model.bert as bert
