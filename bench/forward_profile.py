@@ -169,6 +169,7 @@ def main() -> int:
     p.add_argument("--pause-match", help="SIGSTOP, likewise, the processes whose command line matches (pgrep -f)")
     p.add_argument("--threads", type=int, default=1, help="torch threads of the profiled forwards")
     p.add_argument("--quick", action="store_true")
+    p.add_argument("--tag", default="", help="appended to the machine's slug: keeps an earlier section beside")
     p.add_argument("--render", type=Path, help="only re-render the docs section from this JSON")
     a = p.parse_args()
     if a.render:
@@ -232,7 +233,7 @@ def main() -> int:
         }
     text = render(report)
     print("\n" + text)
-    publish("forward_profile", slug_of(isa()), report, text, a.quick)
+    publish("forward_profile", slug_of(isa()) + a.tag, report, text, a.quick)
     return 0
 
 
