@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from model.config import BertConfig
-from model.fused_attention import packed_attention
+from model.fused_attention import Rows, packed_attention
 from model.packing import Packing, pack, token_bucket
 
 if TYPE_CHECKING:
@@ -180,8 +180,8 @@ class SelfAttention(nn.Module):
             w = nh * hs
             # filler rows (p.spare) are no pair's: zeroed, as the grouped path leaves them
             ctx = qkv.new_zeros(len(qkv), w) if p.spare else qkv.new_empty(len(qkv), w)
-            s, n = p.starts, p.lengths
-            packed_attention(qkv[:, :w], qkv[:, w : 2 * w], qkv[:, 2 * w :], ctx, s, n, s, n, nh, hs, head_mask)
+            rows = p.memo("rows", lambda: Rows(p.starts, p.lengths, p.starts, p.lengths))
+            packed_attention(qkv[:, :w], qkv[:, w : 2 * w], qkv[:, 2 * w :], ctx, rows, nh, hs, head_mask)
             return self.out(ctx)
         parts = []
         for g in p.groups:
@@ -204,8 +204,9 @@ class SelfAttention(nn.Module):
         if self._fused(p):
             w, b = nh * hs, len(p.lengths)
             ctx = q.new_zeros(len(q), w)  # rows past the pairs' (bucket filler) stay zero
-            one = np.ones(b, np.int64)  # pair i's one query: row i of q
-            packed_attention(q, kv[:, :w], kv[:, w:], ctx, np.arange(b), one, p.starts, p.lengths, nh, hs, head_mask)
+            # pair i's one query: row i of q
+            cls = p.memo("cls rows", lambda: Rows(np.arange(b), np.ones(b, np.int64), p.starts, p.lengths))
+            packed_attention(q, kv[:, :w], kv[:, w:], ctx, cls, nh, hs, head_mask)
             return self.out(ctx)
         parts, start = [], 0
         for g in p.groups:  # groups hold consecutive packed pairs, so their [CLS] rows follow `rows`

@@ -21,7 +21,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-__all__ = ["available", "bind", "packed_attention", "supports"]
+__all__ = ["Rows", "available", "bind", "packed_attention", "supports"]
 
 _DTYPES = {torch.float32: 0, torch.bfloat16: 1}
 _HERE = Path(__file__).parent
@@ -69,24 +69,45 @@ def _rows(t: Tensor, width: int, name: str) -> int:
     return t.shape[0]
 
 
+class Rows:
+    """Which rows are each pair's, checked once and reused by every layer of a forward: pair i's queries are
+    rows qstart[i] .. qstart[i] + qlen[i] - 1 of q, its keys and values rows kstart[i] .. kstart[i] + klen[i] - 1
+    of k and v. `q_rows` and `k_rows`: the rows q and k must have at least."""
+
+    __slots__ = ("_arrays", "k_rows", "n", "pointers", "q_rows")
+
+    def __init__(self, qstart: np.ndarray, qlen: np.ndarray, kstart: np.ndarray, klen: np.ndarray):
+        arrays = tuple(np.ascontiguousarray(a, dtype=np.int64) for a in (qstart, qlen, kstart, klen))
+        qs, ql, ks, kl = arrays
+        n = len(ks)
+        if not (len(qs) == len(ql) == len(kl) == n):
+            raise ValueError("qstart, qlen, kstart and klen need one entry per pair")
+        # the C side trusts every row: out of bounds here would be a crash there (the cap keeps sums from wrapping)
+        if n and (min(qs.min(), ql.min(), ks.min()) < 0 or max(qs.max(), ql.max(), ks.max(), kl.max()) > 2**40):
+            raise ValueError("a pair's rows lie outside any tensor")
+        if n and kl.min() < 1:  # its query rows would be left unwritten
+            raise ValueError("a pair has no key")
+        self.n = n
+        self.q_rows = int((qs + ql).max()) if n else 0
+        self.k_rows = int((ks + kl).max()) if n else 0
+        self._arrays = arrays  # kept alive for the pointers
+        self.pointers = tuple(a.ctypes.data for a in arrays)
+
+
 def packed_attention(
     q: Tensor,
     k: Tensor,
     v: Tensor,
     out: Tensor,
-    qstart: np.ndarray,
-    qlen: np.ndarray,
-    kstart: np.ndarray,
-    klen: np.ndarray,
+    rows: Rows,
     heads: int,
     head_size: int,
     head_mask: Tensor | None = None,
 ) -> Tensor:
-    """Attention of packed pairs: pair i's query rows qstart[i] .. qstart[i] + qlen[i] - 1 of `q` attend to
-    its key and value rows kstart[i] .. kstart[i] + klen[i] - 1 of `k` and `v`; the context goes to `out` at
-    the query rows. Each row holds `heads` heads of `head_size` from column 0 (q, k and v may be column
-    slices of one projection). `head_mask`: (heads,) per-head weights, 0 silencing a head. Rows of `out`
-    that no pair names are left as they were. Returns `out`."""
+    """Attention of packed pairs: each pair's query rows of `q` (`rows`) attend to its key and value rows of
+    `k` and `v`; the context goes to `out` at the query rows. Each row holds `heads` heads of `head_size`
+    from column 0 (q, k and v may be column slices of one projection). `head_mask`: (heads,) per-head
+    weights, 0 silencing a head. Rows of `out` that no pair names are left as they were. Returns `out`."""
     lib, why = _library()
     if lib is None:
         raise RuntimeError(f"the fused attention kernel is not available: {why}")
@@ -96,21 +117,8 @@ def packed_attention(
     nq, nk = _rows(q, width, "q"), _rows(k, width, "k")
     if _rows(v, width, "v") != nk or _rows(out, width, "out") != nq or not out.is_contiguous():
         raise ValueError("k and v need as many rows; out as many as q, contiguous")
-    qstart, qlen, kstart, klen = (np.ascontiguousarray(a, dtype=np.int64) for a in (qstart, qlen, kstart, klen))
-    n = len(kstart)
-    if not (len(qstart) == len(qlen) == len(klen) == n):
-        raise ValueError("qstart, qlen, kstart and klen need one entry per pair")
-    # the C side trusts every row it is given: out of bounds here would be a crash there (compared without
-    # adding, which could wrap); every pair needs a key, or its query rows would be left unwritten
-    if n and (
-        min(qstart.min(), qlen.min(), kstart.min()) < 0
-        or klen.min() < 1
-        or np.any(qstart > nq)
-        or np.any(qlen > nq - qstart)
-        or np.any(kstart > nk)
-        or np.any(klen > nk - kstart)
-    ):
-        raise ValueError("a pair's rows lie outside q, k or v, or it has no key")
+    if rows.q_rows > nq or rows.k_rows > nk:
+        raise ValueError("a pair's rows lie outside q, k or v")
     mask = None
     if head_mask is not None:
         mask = head_mask.detach().to("cpu", torch.float32).contiguous()
@@ -119,8 +127,7 @@ def packed_attention(
     rc = lib.qtrel_packed_attention(
         _DTYPES[q.dtype],
         q.data_ptr(), q.stride(0), k.data_ptr(), k.stride(0), v.data_ptr(), v.stride(0), out.data_ptr(), out.stride(0),
-        qstart.ctypes.data, qlen.ctypes.data, kstart.ctypes.data, klen.ctypes.data, n,
-        heads, head_size, head_size**-0.5, None if mask is None else mask.data_ptr(),
+        *rows.pointers, rows.n, heads, head_size, head_size**-0.5, None if mask is None else mask.data_ptr(),
     )  # fmt: skip
     if rc != 0:
         raise MemoryError("the fused attention kernel could not allocate its scratch memory")

@@ -7,9 +7,10 @@ pairs of similar length. The layers' `forward_packed` methods (model.bert) consu
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from itertools import chain
+from typing import Any
 
 import numpy as np
 import torch
@@ -45,12 +46,19 @@ class Packing:
     ratio: float = 0.8
     dtype: torch.dtype = torch.float32
     _groups: list[AttentionGroup] | None = field(default=None, repr=False)
+    _memo: dict[str, Any] = field(default_factory=dict, repr=False)
 
     @property
     def groups(self) -> list[AttentionGroup]:
         if self._groups is None:
             self._groups = attention_groups(self.lengths, self.starts, self.ratio, self.ids.device, self.dtype)
         return self._groups
+
+    def memo(self, key: str, make: Callable[[], Any]) -> Any:
+        """A value derived from this packing, made on first use: every layer of the forward reuses it."""
+        if key not in self._memo:
+            self._memo[key] = make()
+        return self._memo[key]
 
 
 def pad_batch(
