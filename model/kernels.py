@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import time
+from typing import NamedTuple
 
 import torch
 from torch import nn
@@ -116,20 +117,39 @@ def attention_probe(module: nn.Module, rounds: int = 5) -> dict[str, float]:
     return {k: round(1e3 * v, 3) for k, v in best.items()}
 
 
-def choose_attention(module: nn.Module, dtype: torch.dtype) -> tuple[str, dict[str, float] | None]:
-    """Set the packed forward's attention kernel for this CPU and `dtype`, and say which, with the probe's
-    figures: "fused" where it is built, computes `dtype` and beats the per-group kernel by PROBE_MARGIN in
-    `attention_probe`; else the per-group kernel, "math" or "sdpa" by `math_attention_pays`, which also serves
-    where the fused one cannot run (several torch threads in one forward, autograd)."""
+class AttentionChoice(NamedTuple):
+    kind: str  # "fused", "math" or "sdpa"
+    probe: dict[str, float] | None  # the start-up probe's ms, where it ran
+    reason: str
+
+
+def choose_attention(module: nn.Module, dtype: torch.dtype, want: str = "auto") -> AttentionChoice:
+    """Set the packed forward's attention kernel for this CPU and `dtype`, and say which and why. `want`:
+    "torch", the per-group kernel ("math" or "sdpa" by `math_attention_pays`, which also serves where the fused
+    one cannot run: several torch threads in one forward, autograd, long pairs); "fused", the fused one where it
+    is built and computes `dtype`; "auto", the fused one where it also beats the per-group one by PROBE_MARGIN
+    in `attention_probe`."""
+    if want not in ("auto", "fused", "torch"):
+        raise ValueError(f"attention must be auto, fused or torch, not {want!r}")
     grouped = _grouped_kind(dtype)
+    if want == "torch":
+        return AttentionChoice(set_attention(module, grouped), None, "asked for torch's kernels")
+    built, why = fused_attention.available()
     layers = [m for m in module.modules() if isinstance(m, Layer)]
-    if not (fused_attention.available()[0] and all(fused_attention.supports(dtype, m.attn.head_size) for m in layers)):
-        return set_attention(module, grouped), None
+    if not built or not all(fused_attention.supports(dtype, m.attn.head_size) for m in layers):
+        why = why if not built else f"it does not compute {dtype} or these head sizes"
+        if want == "fused":
+            log.warning("attention=fused asked for, but the fused kernel cannot serve: %s; torch's serve", why)
+        return AttentionChoice(set_attention(module, grouped), None, f"{want}: fused kernel unavailable ({why})")
+    if want == "fused":
+        return AttentionChoice(set_attention(module, "fused"), None, "asked for the fused kernel")
     figures = attention_probe(module)
     # a tie buys nothing, and a margin keeps the choice from flipping between restarts on noise
     kind = "fused" if figures["fused"] * PROBE_MARGIN < figures[grouped] else grouped
     log.info("attention: %s (probe, ms per layer at batch 32: %s)", kind, figures)
-    return set_attention(module, kind), figures
+    ratio = figures[grouped] / figures["fused"]
+    reason = f"auto: probe on 32 pairs of 14-40 tokens, fused {ratio:.2f}x {grouped} (it serves from {PROBE_MARGIN}x)"
+    return AttentionChoice(set_attention(module, kind), figures, reason)
 
 
 def install_cpu_kernels(module: nn.Module, dtype: torch.dtype) -> str:

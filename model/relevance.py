@@ -64,10 +64,13 @@ class RelevanceModel:
         name: str = "qtrel",
         onednn: bool = False,
         unpadded: bool = False,
+        attention: str = "auto",
     ):
         """`onednn`: the linear layers in oneDNN's weight layout (cpu, float32/bfloat16, where
         `model.kernels.probe` passes); the module is then inference-only and cannot be saved or trained.
-        `unpadded`: batches run without padding (`model.packing`; cpu only, cuda keeps padded batches)."""
+        `unpadded`: batches run without padding (`model.packing`; cpu only, cuda keeps padded batches).
+        `attention` (with `onednn`): the packed forward's attention kernel, "auto", "fused" or "torch"
+        (`model.kernels.choose_attention`)."""
         self.device = resolve_device(device)
         dtype = resolve_dtype(dtype, self.device)  # "auto": the fastest this machine runs natively
         if dtype not in DTYPES:
@@ -92,10 +95,12 @@ class RelevanceModel:
         self.cpu_kernels = "plain"  # or onednn-packed, fused, plain (probe failed: ...), as describe() reports
         self.attention = "sdpa"  # the packed forward's attention kernel (model.kernels.choose_attention)
         self.attention_probe: dict[str, float] | None = None  # its start-up timings, where it ran
+        self.attention_reason = "RelevanceModel's default"
         torch_dtype = DTYPES[dtype]  # None for int8
         if onednn and torch_dtype is not None and self.device.type == "cpu":
             self.cpu_kernels = install_cpu_kernels(module, torch_dtype)
-            self.attention, self.attention_probe = choose_attention(module, torch_dtype)
+            choice = choose_attention(module, torch_dtype, attention)
+            self.attention, self.attention_probe, self.attention_reason = choice.kind, choice.probe, choice.reason
         self.onednn = self.cpu_kernels == "onednn-packed"
         # Without padding (model.packing.pack): measured on cpu only; cuda keeps padded batches.
         self.unpadded = unpadded and self.device.type == "cpu"
@@ -128,6 +133,7 @@ class RelevanceModel:
         max_length: int = 128,
         onednn: bool = True,
         unpadded: bool = True,
+        attention: str = "auto",
     ) -> RelevanceModel:
         """A checkpoint on a device and precision; by default on the fast path this machine has (oneDNN
         linears where the probe passes, batches without padding on cpu)."""
@@ -136,7 +142,9 @@ class RelevanceModel:
         limit = min(max_length, module.cfg.max_position_embeddings)
         tok = PairTokenizer.from_dir(path, max_length=limit)
         name = str(module.cfg.extra.get("qtrel_model_id") or path.name)
-        m = cls(module, tok, device=device, dtype=dtype, name=name, onednn=onednn, unpadded=unpadded)
+        m = cls(
+            module, tok, device=device, dtype=dtype, name=name, onednn=onednn, unpadded=unpadded, attention=attention
+        )
         m.source = path
         return m
 
@@ -157,6 +165,7 @@ class RelevanceModel:
             "cpu_kernels": self.cpu_kernels,
             "attention": self.attention,
             "attention_probe": self.attention_probe,
+            "attention_reason": self.attention_reason,
             "inference": self.inference,
             "inference_reason": self.inference_reason,
             "inference_probe": self.inference_probe,
@@ -249,6 +258,7 @@ class RelevanceModel:
     def use_attention(self, kind: str) -> None:
         """The packed forward's attention kernel, "sdpa", "math" or "fused", whatever this CPU would choose (A/Bs)."""
         self.attention = set_attention(self.module, kind)
+        self.attention_reason = "set by use_attention"
 
     def save(self, path: str | Path, dtype: torch.dtype | None = None) -> None:
         if self.dtype == "int8" or self.cpu_kernels in ("onednn-packed", "fused"):

@@ -109,6 +109,13 @@ class Settings(BaseSettings):
         "(explanations) always run on torch; without OpenVINO, or where it fails to load, torch. /info shows "
         "the choice and why (model.inference, model.inference_reason)",
     )
+    attention: Literal["auto", "fused", "torch"] = Field(
+        "auto",
+        description="the attention kernel of the torch forward on cpu: fused (one C call a layer over every pair's "
+        "rows, where pip built it), torch (torch's kernels, per group of similar-length pairs), or auto = each "
+        "model times both on a served batch at start-up (about 0.2 s) and the fused one serves where it is at "
+        "least 3% faster. /info shows the choice and why (model.attention, model.attention_reason)",
+    )
 
     batch_timeout_s: float = Field(
         30.0,

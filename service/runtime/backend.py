@@ -41,6 +41,8 @@ class LoadSpec:
     start: str = "template"  # process backend on cpu: "template" (forked by the fork server) or "spawn"
     # What runs the forward: "torch", "openvino" or "auto" (probed); chosen in the model process after the fork.
     inference: str = "torch"
+    # The torch forward's attention kernel on cpu: "auto" (probed), "fused" or "torch" (model.kernels).
+    attention: str = "auto"
     # Extra named jobs beside the built-in ones, as (name, "module:function") (e.g. a test's fault job).
     jobs: tuple[tuple[str, str], ...] = ()
     # Test-only fault hook: "module:function", called as function(model, batch) before each forward.

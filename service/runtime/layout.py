@@ -38,6 +38,7 @@ class Runtime:
             max_batch_tokens=settings.max_batch_tokens,
             start=settings.process_start,
             inference=settings.inference,
+            attention=settings.attention,
         )
 
 

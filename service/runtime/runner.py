@@ -35,7 +35,11 @@ def load_model(spec: LoadSpec) -> RelevanceModel:
     set_threads(spec.threads)
     t0 = time.perf_counter()
     m = RelevanceModel.load(
-        spec.model_dir, device=str(resolve_device(spec.device)), dtype=spec.dtype, max_length=spec.max_length
+        spec.model_dir,
+        device=str(resolve_device(spec.device)),
+        dtype=spec.dtype,
+        max_length=spec.max_length,
+        attention=spec.attention,
     )
     log.info("loaded %s on %s/%s in %.2fs", spec.model_dir, m.device, m.dtype, time.perf_counter() - t0)
     return m

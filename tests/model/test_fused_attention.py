@@ -301,15 +301,27 @@ def test_pruned_layers(monkeypatch):
 
 def test_choice_probe_and_fallback(tiny_checkpoint, monkeypatch):
     """Where the library is built, the start-up probe times both kernels and the faster serves (both figures in
-    /info's model block); where it is not, the per-group kernel serves and forcing "fused" says why."""
+    /info's model block), unless a kernel is asked for; where it is not, the per-group kernel serves, and /info
+    and forcing "fused" say why."""
     m = RelevanceModel.load(tiny_checkpoint)
     d = m.describe()
     probe = d["attention_probe"]
     assert set(probe) == {"sdpa", "fused"} and all(v > 0 for v in probe.values())
     assert d["attention"] == ("fused" if probe["fused"] * kernel_layer.PROBE_MARGIN < probe["sdpa"] else "sdpa")
+    assert d["attention_reason"].startswith("auto: probe on 32 pairs")
+    forced = RelevanceModel.load(tiny_checkpoint, attention="fused").describe()
+    assert (forced["attention"], forced["attention_probe"]) == ("fused", None)
+    plain = RelevanceModel.load(tiny_checkpoint, attention="torch").describe()
+    assert (plain["attention"], plain["attention_probe"]) == ("sdpa", None)
+    with pytest.raises(ValueError, match="auto, fused or torch"):
+        RelevanceModel.load(tiny_checkpoint, attention="flash")
+
     monkeypatch.setattr(fa, "_library", lambda: (None, "not built (no C compiler at install?)"))
-    m = RelevanceModel.load(tiny_checkpoint)
-    assert m.describe()["attention"] == "sdpa" and m.describe()["attention_probe"] is None
+    for want in ("auto", "fused"):
+        m = RelevanceModel.load(tiny_checkpoint, attention=want)
+        d = m.describe()
+        assert d["attention"] == "sdpa" and d["attention_probe"] is None
+        assert d["attention_reason"] == f"{want}: fused kernel unavailable (not built (no C compiler at install?))"
     with pytest.raises(ValueError, match="no C compiler"):
         m.use_attention("fused")
 

@@ -431,6 +431,27 @@ def test_info_says_what_runs_the_forward_and_why(tiny_checkpoint, inference):
         assert set(model["inference_probe"]) == {"torch_ms", "openvino_ms"}
 
 
+@pytest.mark.parametrize("attention", ["torch", "fused"])
+def test_attention_setting_reaches_the_model_processes(tiny_checkpoint, attention):
+    """QTREL_ATTENTION picks the torch forward's attention kernel in every model process, and /info says which
+    and why; scores are the same either way (tests/model/test_fused_attention.py checks them closely)."""
+    from model import fused_attention
+
+    with live_server(tiny_checkpoint, attention=attention, replicas=1, threads=1) as srv:
+        info = httpx.get(srv.url + "/info").json()
+        r = httpx.post(srv.url + "/score", json={"query": "drill", "titles": ["cordless drill", "rug"]}, timeout=60)
+    assert r.status_code == 200 and len(r.json()["results"]) == 2
+    assert info["settings"]["attention"] == attention
+    model = info["model"]
+    if attention == "torch":
+        assert model["attention"] == "sdpa" and model["attention_reason"] == "asked for torch's kernels"
+    elif fused_attention.available()[0]:
+        assert model["attention"] == "fused" and model["attention_reason"] == "asked for the fused kernel"
+    else:
+        assert model["attention"] == "sdpa" and "fused kernel unavailable" in model["attention_reason"]
+    assert model["attention_probe"] is None  # asked for: nothing probed
+
+
 def test_dtype_int8_serves_the_checkpoints_static_int8_plan(tiny_checkpoint, tmp_path):
     """--dtype int8 with a plan beside the weights (qtrel quantize) runs OpenVINO's int8 kernels, and says so."""
     pytest.importorskip("openvino")
