@@ -36,7 +36,7 @@ from model_speed import Batch, export_onnx, hf_model, make_batches, read_pairs
 from results import DOCS, command_line, machine, publish, update_section
 
 from model.config import BertConfig
-from model.kernels import math_attention_pays
+from model.kernels import per_group_attention
 from model.levels import MAX_BATCH_TOKENS
 from model.onednn import OneDNNLinear
 from model.parallel import run_batches
@@ -413,7 +413,7 @@ def main() -> int:
     }
     # the attention kernel this CPU does not ship, in the same run (model.kernels.choose_attention): where the
     # fused kernel serves, the per-group kernel it beat; else the other per-group one
-    grouped = "math" if math_attention_pays(getattr(torch, prec)) else "sdpa"
+    grouped = per_group_attention(getattr(torch, prec))
     other = grouped if m_bf.attention == "fused" else "sdpa" if m_bf.attention == "math" else "math"
     m_other = RelevanceModel.load(a.model, dtype=prec)
     m_other.use_attention(other)

@@ -23,10 +23,12 @@ __all__ = [
     "OneDNNLinear",
     "attention_probe",
     "choose_attention",
+    "fused_unavailable",
     "install_cpu_kernels",
     "math_attention_pays",
     "onednn_available",
     "onednn_pays",
+    "per_group_attention",
     "probe",
     "set_attention",
     "use_fused_linears",
@@ -59,16 +61,12 @@ def set_attention(module: nn.Module, kind: str) -> str:
     similar length), "math" (two matmuls, per group) or "fused" (`model.fused_attention`, one call a layer)."""
     if kind not in ATTENTION_KINDS:
         raise ValueError(f"attention must be one of {ATTENTION_KINDS}, not {kind!r}")
-    layers = [m for m in module.modules() if isinstance(m, Layer)]
-    if kind == "fused":
-        ok, why = fused_attention.available()
-        if not ok:
-            raise ValueError(f"the fused attention kernel is not available: {why}")
-        if not all(fused_attention.supports(_dtype_of(module), m.attn.head_size) for m in layers):
-            raise ValueError("the fused attention kernel computes float32 and bfloat16, head sizes multiple of 8")
-    grouped = _grouped_kind(_dtype_of(module)) if kind == "fused" else kind
-    for layer in layers:
-        layer.attn.kernel, layer.attn.grouped = kind, grouped
+    if kind == "fused" and (why := fused_unavailable(module, _dtype_of(module))):
+        raise ValueError(f"the fused attention kernel is not available: {why}")
+    grouped = per_group_attention(_dtype_of(module)) if kind == "fused" else kind
+    for layer in module.modules():
+        if isinstance(layer, Layer):
+            layer.attn.kernel, layer.attn.grouped = kind, grouped
     return kind
 
 
@@ -76,8 +74,21 @@ def _dtype_of(module: nn.Module) -> torch.dtype:
     return next(p.dtype for p in module.parameters() if p.is_floating_point())
 
 
-def _grouped_kind(dtype: torch.dtype) -> str:
+def per_group_attention(dtype: torch.dtype) -> str:
+    """The per-group kernel this CPU serves `dtype` with where the fused one does not: "math" or "sdpa"."""
     return "math" if math_attention_pays(dtype) else "sdpa"
+
+
+def fused_unavailable(module: nn.Module, dtype: torch.dtype) -> str | None:
+    """Why the fused kernel cannot attend for `module` in `dtype` (not built, or a precision or head size it
+    does not compute), or None where it can."""
+    built, why = fused_attention.available()
+    if not built:
+        return why
+    layers = [m for m in module.modules() if isinstance(m, Layer)]
+    if not all(fused_attention.supports(dtype, m.attn.head_size) for m in layers):
+        return f"it does not compute {dtype} or these head sizes"
+    return None
 
 
 PROBE_MARGIN = 1.03  # the fused kernel serves where its probe is at least 3% faster
@@ -98,7 +109,7 @@ def attention_probe(module: nn.Module, rounds: int = 5) -> dict[str, float]:
     g = torch.Generator().manual_seed(0)
     hidden = layer.attn_norm.normalized_shape[0]
     x = torch.randn(len(p.ids), hidden, generator=g).to(dtype)
-    grouped = _grouped_kind(dtype)
+    grouped = per_group_attention(dtype)
     kinds = (grouped, "fused")
     best = {k: float("inf") for k in kinds}
     old, threads = (layer.attn.kernel, layer.attn.grouped), torch.get_num_threads()
@@ -131,13 +142,10 @@ def choose_attention(module: nn.Module, dtype: torch.dtype, want: str = "auto") 
     in `attention_probe`."""
     if want not in ("auto", "fused", "torch"):
         raise ValueError(f"attention must be auto, fused or torch, not {want!r}")
-    grouped = _grouped_kind(dtype)
+    grouped = per_group_attention(dtype)
     if want == "torch":
         return AttentionChoice(set_attention(module, grouped), None, "asked for torch's kernels")
-    built, why = fused_attention.available()
-    layers = [m for m in module.modules() if isinstance(m, Layer)]
-    if not built or not all(fused_attention.supports(dtype, m.attn.head_size) for m in layers):
-        why = why if not built else f"it does not compute {dtype} or these head sizes"
+    if why := fused_unavailable(module, dtype):
         if want == "fused":
             log.warning("attention=fused asked for, but the fused kernel cannot serve: %s; torch's serve", why)
         return AttentionChoice(set_attention(module, grouped), None, f"{want}: fused kernel unavailable ({why})")
