@@ -173,16 +173,20 @@ class SelfAttention(nn.Module):
         return self.out(ctx.transpose(1, 2).reshape(B, 1, nh * hs))
 
     def forward_packed(self, x: Tensor, p: Packing, head_mask: Tensor | None) -> Tensor:
-        """x: (N, H) packed tokens -> (N, H). Attention runs per group on a (b, nh, t, hs) block."""
+        """x: (N, H) packed tokens -> (N, H)."""
+        return self.out(self.context_packed(self._project(x), p, head_mask))
+
+    def context_packed(self, qkv: Tensor, p: Packing, head_mask: Tensor | None) -> Tensor:
+        """qkv: (N, 3 * nh * hs) packed projections -> (N, nh * hs) context rows, before the output layer: the
+        part the attention kernels differ in (model.kernels.attention_probe times it). Per group, on a
+        (b, nh, t, hs) block, unless the fused kernel runs."""
         nh, hs = len(self.heads), self.head_size
-        qkv = self._project(x)  # (N, 3 * nh * hs)
         if self._fused(p):
             w = nh * hs
             # filler rows (p.spare) are no pair's: zeroed, as the grouped path leaves them
             ctx = qkv.new_zeros(len(qkv), w) if p.spare else qkv.new_empty(len(qkv), w)
             rows = p.memo("rows", lambda: Rows(p.starts, p.lengths, p.starts, p.lengths))
-            packed_attention(qkv[:, :w], qkv[:, w : 2 * w], qkv[:, 2 * w :], ctx, rows, nh, hs, head_mask)
-            return self.out(ctx)
+            return packed_attention(qkv[:, :w], qkv[:, w : 2 * w], qkv[:, 2 * w :], ctx, rows, nh, hs, head_mask)
         parts = []
         for g in p.groups:
             q, k, v = qkv.index_select(0, g.gather).view(g.b, g.t, 3, nh, hs).permute(2, 0, 3, 1, 4)
@@ -193,7 +197,7 @@ class SelfAttention(nn.Module):
             parts.append(ctx if g.real is None else ctx.index_select(0, g.real))
         if p.spare:
             parts.append(qkv.new_zeros(p.spare, nh * hs))
-        return self.out(torch.cat(parts) if len(parts) > 1 else parts[0])
+        return torch.cat(parts) if len(parts) > 1 else parts[0]
 
     def forward_packed_cls(self, x: Tensor, p: Packing, rows: Tensor, head_mask: Tensor | None) -> Tensor:
         """The attention output of each pair's [CLS] only, for the last layer: x (N, H) packed tokens,

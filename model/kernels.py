@@ -98,17 +98,19 @@ PROBE_LENGTHS = tuple(14 + (7 * i) % 27 for i in range(32))
 
 
 @torch.inference_mode()
-def attention_probe(module: nn.Module, rounds: int = 5) -> dict[str, float]:
-    """Milliseconds (best of `rounds`, interleaved) of the first layer's attention block, projections
-    included, on a served batch of 32 pairs, with this CPU's per-group kernel and with the fused one, on one
-    thread (a model process's and a forward worker's layout)."""
+def attention_probe(module: nn.Module, rounds: int = 10) -> dict[str, float]:
+    """Milliseconds (best of `rounds`, interleaved) of the first layer's attention on a served batch of 32
+    pairs, from its q/k/v rows to its context rows (`SelfAttention.context_packed`: the part the kernels differ
+    in), with this CPU's per-group kernel and with the fused one, on one thread (a model process's and a
+    forward worker's layout). The projections around it are left out: the same for both, they were four
+    fifths of the time timed and their noise flipped the choice on a Zen 3 (2 of 14 starts)."""
     layer = next(m for m in module.modules() if isinstance(m, Layer))
     dtype = _dtype_of(module)
     ids = [[1] * n for n in PROBE_LENGTHS]
     p = pack(ids, [[0] * n for n in PROBE_LENGTHS], torch.device("cpu"), dtype)
     g = torch.Generator().manual_seed(0)
     hidden = layer.attn_norm.normalized_shape[0]
-    x = torch.randn(len(p.ids), hidden, generator=g).to(dtype)
+    qkv = layer.attn._project(torch.randn(len(p.ids), hidden, generator=g).to(dtype))
     grouped = per_group_attention(dtype)
     kinds = (grouped, "fused")
     best = {k: float("inf") for k in kinds}
@@ -120,7 +122,7 @@ def attention_probe(module: nn.Module, rounds: int = 5) -> dict[str, float]:
             for k in kinds:
                 layer.attn.kernel = k
                 t0 = time.perf_counter()
-                layer.attn.forward_packed(x, p, None)
+                layer.attn.context_packed(qkv, p, None)
                 best[k] = min(best[k], time.perf_counter() - t0)
     finally:
         layer.attn.kernel, layer.attn.grouped = old

@@ -113,7 +113,7 @@ class Settings(BaseSettings):
         "auto",
         description="the attention kernel of the torch forward on cpu: fused (one C call a layer over every pair's "
         "rows, where pip built it), torch (torch's kernels, per group of similar-length pairs), or auto = each "
-        "model times both on a served batch at start-up (about 0.2 s) and the fused one serves where it is at "
+        "model times both on a served batch at start-up (about 0.1 s) and the fused one serves where it is at "
         "least 1.03x faster. /info shows the choice and why (model.attention, model.attention_reason)",
     )
 

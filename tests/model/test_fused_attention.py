@@ -326,6 +326,37 @@ def test_choice_probe_and_fallback(tiny_checkpoint, monkeypatch):
         m.use_attention("fused")
 
 
+def test_probe_times_only_what_the_kernels_differ_in(tiny_checkpoint, monkeypatch):
+    """The probe runs the projections once, outside the timing, and never the output layer: those are the same
+    for both kernels, and their noise once outweighed the difference. Each kernel's context is timed and the
+    layer's kernels and torch's threads are put back."""
+    m = RelevanceModel.load(tiny_checkpoint, attention="torch")
+    attn = m.module.bert.layers[0].attn
+    seen = {"project": 0, "context": []}
+    real_project, real_context = attn._project, attn.context_packed
+
+    def project(x):
+        seen["project"] += 1
+        return real_project(x)
+
+    def context(qkv, p, head_mask):
+        seen["context"].append(attn.kernel)
+        return real_context(qkv, p, head_mask)
+
+    class Out(torch.nn.Module):
+        def forward(self, _):
+            raise AssertionError("the probe ran the output layer")
+
+    monkeypatch.setattr(attn, "_project", project)
+    monkeypatch.setattr(attn, "context_packed", context)
+    monkeypatch.setattr(attn, "out", Out())
+    threads = torch.get_num_threads()
+    figures = kernel_layer.attention_probe(m.module, rounds=3)
+    assert set(figures) == {"sdpa", "fused"} and all(v > 0 for v in figures.values())
+    assert seen == {"project": 1, "context": ["sdpa", "fused"] * 4}
+    assert (attn.kernel, attn.grouped, torch.get_num_threads()) == ("sdpa", "sdpa", threads)
+
+
 @pytest.mark.slow
 def test_default_model_levels_unchanged():
     """The real MiniLM on real dev pairs: the fused kernel keeps float32's logits to 1e-5 and every level."""
