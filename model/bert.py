@@ -69,7 +69,11 @@ class Embeddings(nn.Module):
 # The fused kernel attends a batch whose longest pair has at most this many tokens. On a Zen 3 (float32, one
 # layer's attention, 1 thread) it ran 1.09x the per-group flash kernel at 64 tokens, 1.02x at 128, 0.93x at
 # 256 and 0.81x at 512 (bfloat16: 1.71x, 1.37x, 0.96x, 1.15x): torch's kernel blocks long rows for the cache.
+# On a Zen 4 in native bfloat16, the whole forward: 1.05x the best per-group kernel at 128, 0.99x at 192, 0.91x at 512.
 FUSED_MAX_TOKENS = 192
+# `math_attention` only on blocks of fewer keys: from 64 on, torch's flash kernel ran the whole bfloat16 forward
+# 1.2-1.3x faster (2.2x at 512 tokens), below it 0.91-0.93x (AMD EPYC Zen 4, 1 and 2 threads; docs/benchmarks.md)
+MATH_MAX_TOKENS = 63
 
 
 def math_attention(q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None) -> Tensor:
@@ -106,7 +110,7 @@ class SelfAttention(nn.Module):
         self.grouped = "sdpa"  # also where "fused" cannot run (several threads, autograd)
 
     def _attend(self, q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None) -> Tensor:
-        if self.grouped == "math":
+        if self.grouped == "math" and k.shape[-2] <= MATH_MAX_TOKENS:
             return math_attention(q, k, v, bias)
         return F.scaled_dot_product_attention(q, k, v, attn_mask=bias)
 

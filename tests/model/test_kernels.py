@@ -12,6 +12,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from model import bert
 from model import kernels as kernel_layer
 from model.kernels import OneDNNLinear, onednn_available, onednn_pays, probe, warm_linear_shapes
 from model.packing import token_buckets
@@ -229,3 +230,26 @@ def test_math_attention_and_flash_agree(tiny_checkpoint, unpacked, encoded, dtyp
             torch.testing.assert_close(got, want, atol=atol, rtol=0)
     with pytest.raises(ValueError, match="one of .*'sdpa', 'math', 'fused'"):
         m.use_attention("flash")
+
+
+def test_math_attention_only_on_blocks_shorter_than_64_keys(tiny_checkpoint, unpacked, monkeypatch):
+    """Per group, the plain matmuls serve blocks of fewer than 64 keys (MATH_MAX_TOKENS); a group of longer
+    pairs goes to torch's flash kernel, measured 1.2-2.2x faster there. The logits stay the reference's."""
+    m = RelevanceModel.load(tiny_checkpoint, dtype="float32")
+    m.use_attention("math")
+    keys: list[int] = []
+    real = bert.math_attention
+    monkeypatch.setattr(bert, "math_attention", lambda q, k, v, b: keys.append(k.shape[-2]) or real(q, k, v, b))
+    vocab = m.module.bert.embeddings.word.num_embeddings
+    gen = torch.Generator().manual_seed(0)
+
+    def pair(n: int) -> tuple[list[int], list[int]]:
+        return torch.randint(5, vocab, (n,), generator=gen).tolist(), [0] * 4 + [1] * (n - 4)
+
+    short, long = [pair(n) for n in (20, 24, 30)], [pair(n) for n in (90, 100)]
+    for pairs, want in ((short, True), (long, False), (long + short, True)):
+        keys.clear()
+        ids, seg = [p[0] for p in pairs], [p[1] for p in pairs]
+        got = m.logits(ids, seg)
+        assert bool(keys) is want and all(k <= bert.MATH_MAX_TOKENS for k in keys)
+        torch.testing.assert_close(got, unpacked.logits(ids, seg), atol=ATOL, rtol=0)
