@@ -66,7 +66,7 @@ class Embeddings(nn.Module):
         return self.norm(self.word(p.ids) + self.token_type(p.segments) + self.position(p.positions))
 
 
-# The fused kernel attends a batch whose longest pair has at most this many tokens. On a Zen 3 (float32, one
+# The fused kernel attends the pairs of at most this many tokens; longer ones attend per group. On a Zen 3 (float32, one
 # layer's attention, 1 thread) it ran 1.09x the per-group flash kernel at 64 tokens, 1.02x at 128, 0.93x at
 # 256 and 0.81x at 512 (bfloat16: 1.71x, 1.37x, 0.96x, 1.15x): torch's kernel blocks long rows for the cache.
 # On a Zen 4 in native bfloat16, the whole forward: 1.05x the best per-group kernel at 128, 0.99x at 192, 0.91x at 512.
@@ -114,15 +114,9 @@ class SelfAttention(nn.Module):
             return math_attention(q, k, v, bias)
         return F.scaled_dot_product_attention(q, k, v, attn_mask=bias)
 
-    def _fused(self, p: Packing) -> bool:
-        # single-threaded: on more torch threads their kernels split the work; no autograd through ctypes; and
-        # short pairs, where it pays (torch's flash kernel is the faster on long ones: FUSED_MAX_TOKENS)
-        return (
-            self.kernel == "fused"
-            and int(p.lengths[0]) <= FUSED_MAX_TOKENS  # packed longest first
-            and torch.get_num_threads() == 1
-            and not torch.is_grad_enabled()
-        )
+    def _fused(self) -> bool:
+        # single-threaded: on more torch threads their kernels split the work; no autograd through ctypes
+        return self.kernel == "fused" and torch.get_num_threads() == 1 and not torch.is_grad_enabled()
 
     def forward(
         self, x: Tensor, bias: Tensor, head_mask: Tensor | None, return_probs: bool
@@ -183,25 +177,35 @@ class SelfAttention(nn.Module):
     def context_packed(self, qkv: Tensor, p: Packing, head_mask: Tensor | None) -> Tensor:
         """qkv: (N, 3 * nh * hs) packed projections -> (N, nh * hs) context rows, before the output layer: the
         part the attention kernels differ in (model.kernels.attention_probe times it). Per group, on a
-        (b, nh, t, hs) block, unless the fused kernel runs."""
+        (b, nh, t, hs) block, unless the fused kernel runs; that one leaves pairs over FUSED_MAX_TOKENS to the
+        groups (the first pairs: longest first)."""
         nh, hs = len(self.heads), self.head_size
-        if self._fused(p):
-            w = nh * hs
-            # filler rows (p.spare) are no pair's: zeroed, as the grouped path leaves them
-            ctx = qkv.new_zeros(len(qkv), w) if p.spare else qkv.new_empty(len(qkv), w)
-            rows = p.memo("rows", lambda: Rows(p.starts, p.lengths, p.starts, p.lengths))
-            return packed_attention(qkv[:, :w], qkv[:, w : 2 * w], qkv[:, 2 * w :], ctx, rows, nh, hs, head_mask)
+        if not self._fused():
+            parts = self._grouped(qkv, p.groups, head_mask) + ([qkv.new_zeros(p.spare, nh * hs)] if p.spare else [])
+            return torch.cat(parts) if len(parts) > 1 else parts[0]
+        w, n = nh * hs, p.longer_than(FUSED_MAX_TOKENS)
+        # filler rows (p.spare) are no pair's: zeroed, as the grouped path leaves them
+        ctx = qkv.new_zeros(len(qkv), w) if p.spare else qkv.new_empty(len(qkv), w)
+        if n < len(p.lengths):
+            rows = p.memo("rows", lambda: Rows(p.starts[n:], p.lengths[n:], p.starts[n:], p.lengths[n:]))
+            packed_attention(qkv[:, :w], qkv[:, w : 2 * w], qkv[:, 2 * w :], ctx, rows, nh, hs, head_mask)
+        if n:
+            long = self._grouped(qkv, p.groups_of_first(n), head_mask)
+            torch.cat(long, out=ctx[: int(p.starts[n - 1] + p.lengths[n - 1])])
+        return ctx
+
+    def _grouped(self, qkv: Tensor, groups: list, head_mask: Tensor | None) -> list[Tensor]:
+        """The context rows of the pairs in `groups`, a (rows, nh * hs) tensor per group, in packed order."""
+        nh, hs = len(self.heads), self.head_size
         parts = []
-        for g in p.groups:
+        for g in groups:
             q, k, v = qkv.index_select(0, g.gather).view(g.b, g.t, 3, nh, hs).permute(2, 0, 3, 1, 4)
             ctx = self._attend(q, k, v, g.bias)  # (b, nh, t, hs)
             if head_mask is not None:
                 ctx = ctx * head_mask.view(1, nh, 1, 1).to(ctx.dtype)
             ctx = ctx.transpose(1, 2).reshape(g.b * g.t, nh * hs)
             parts.append(ctx if g.real is None else ctx.index_select(0, g.real))
-        if p.spare:
-            parts.append(qkv.new_zeros(p.spare, nh * hs))
-        return torch.cat(parts) if len(parts) > 1 else parts[0]
+        return parts
 
     def forward_packed_cls(self, x: Tensor, p: Packing, rows: Tensor, head_mask: Tensor | None) -> Tensor:
         """The attention output of each pair's [CLS] only, for the last layer: x (N, H) packed tokens,
@@ -209,25 +213,23 @@ class SelfAttention(nn.Module):
         still come from every token."""
         nh, hs = len(self.heads), self.head_size
         q, kv = self._cls_projections(x, x.index_select(0, rows))
-        if self._fused(p):
-            w, b = nh * hs, len(p.lengths)
-            ctx = q.new_zeros(len(q), w)  # rows past the pairs' (bucket filler) stay zero
-            # pair i's one query: row i of q
-            cls = p.memo("cls rows", lambda: Rows(np.arange(b), np.ones(b, np.int64), p.starts, p.lengths))
+        w, b = nh * hs, len(p.lengths)
+        n = p.longer_than(FUSED_MAX_TOKENS) if self._fused() else b
+        ctx = q.new_zeros(len(q), w)  # rows past the pairs' (bucket filler) stay zero
+        if n < b:  # pair i's one query: row i of q
+            cls = p.memo(
+                "cls rows", lambda: Rows(np.arange(n, b), np.ones(b - n, np.int64), p.starts[n:], p.lengths[n:])
+            )
             packed_attention(q, kv[:, :w], kv[:, w:], ctx, cls, nh, hs, head_mask)
-            return self.out(ctx)
-        parts, start = [], 0
-        for g in p.groups:  # groups hold consecutive packed pairs, so their [CLS] rows follow `rows`
+        start = 0
+        for g in p.groups_of_first(n) if n else []:  # groups hold consecutive packed pairs, as `rows` does
             k, v = kv.index_select(0, g.gather).view(g.b, g.t, 2, nh, hs).permute(2, 0, 3, 1, 4)
-            qg = q[start : start + g.b].view(g.b, nh, 1, hs)
-            ctx = self._attend(qg, k, v, g.bias)  # (b, nh, 1, hs)
+            c = self._attend(q[start : start + g.b].view(g.b, nh, 1, hs), k, v, g.bias)  # (b, nh, 1, hs)
             if head_mask is not None:
-                ctx = ctx * head_mask.view(1, nh, 1, 1).to(ctx.dtype)
-            parts.append(ctx.reshape(g.b, nh * hs))
+                c = c * head_mask.view(1, nh, 1, 1).to(c.dtype)
+            ctx[start : start + g.b] = c.reshape(g.b, w)
             start += g.b
-        if len(rows) > start:
-            parts.append(q.new_zeros(len(rows) - start, nh * hs))
-        return self.out(torch.cat(parts) if len(parts) > 1 else parts[0])
+        return self.out(ctx)
 
 
 class Layer(nn.Module):

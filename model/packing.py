@@ -54,6 +54,19 @@ class Packing:
             self._groups = attention_groups(self.lengths, self.starts, self.ratio, self.ids.device, self.dtype)
         return self._groups
 
+    def longer_than(self, tokens: int) -> int:
+        """How many packed pairs have more than `tokens` tokens: the first ones, packed longest first."""
+        return int(np.searchsorted(-self.lengths, -tokens, side="left"))
+
+    def groups_of_first(self, n: int) -> list[AttentionGroup]:
+        """`groups` of the first `n` packed pairs alone, which hold rows 0 .. starts[n] - 1."""
+        if n == len(self.lengths):
+            return self.groups
+        device, dtype = self.ids.device, self.dtype
+        return self.memo(
+            f"groups of {n}", lambda: attention_groups(self.lengths[:n], self.starts[:n], self.ratio, device, dtype)
+        )
+
     def memo(self, key: str, make: Callable[[], Any]) -> Any:
         """A value derived from this packing, made on first use: every layer of the forward reuses it."""
         if key not in self._memo:

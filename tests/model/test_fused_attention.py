@@ -241,19 +241,33 @@ def test_model_kernels_agree(tiny_checkpoint, unpacked, encoded, dtype, atol, mo
 
 
 def test_long_pairs_go_to_the_per_group_kernel(tiny_checkpoint, unpacked, encoded, monkeypatch):
-    """A batch whose longest pair is over FUSED_MAX_TOKENS (where torch's kernel measured faster) attends per
-    group; shorter batches stay fused. The same logits either way."""
+    """The pairs over FUSED_MAX_TOKENS (where torch's kernel measured faster) attend per group and the rest of
+    their batch stays fused, in every layer, the last one ([CLS] only) included: the reference's logits
+    whatever the split, with and without a head mask."""
     import model.bert as bert
 
     m = RelevanceModel.load(tiny_checkpoint)
     m.use_attention("fused")
-    longest = max(len(x) for x in encoded.input_ids)
-    want = unpacked.logits(encoded.input_ids, encoded.token_type_ids)
-    for limit, fused in ((longest - 1, False), (longest, True)):
+    lengths = sorted(len(x) for x in encoded.input_ids)
+    mask = torch.ones(2, 4)
+    mask[1, 0] = 0
+    want = {i: unpacked.logits(encoded.input_ids, encoded.token_type_ids, hm) for i, hm in enumerate((None, mask))}
+    fused_pairs: list[int] = []
+    grouped_pairs: list[int] = []
+    real_fused, real_attend = bert.packed_attention, bert.SelfAttention._attend
+    for limit in (lengths[-1], lengths[-2], lengths[len(lengths) // 2], lengths[0] - 1):
+        long = sum(n > limit for n in lengths)
         monkeypatch.setattr(bert, "FUSED_MAX_TOKENS", limit)
-        calls = count_calls(monkeypatch)
-        torch.testing.assert_close(m.logits(encoded.input_ids, encoded.token_type_ids), want, atol=1e-5, rtol=0)
-        assert calls == [2 if fused else 0]
+        monkeypatch.setattr(bert, "packed_attention", lambda *a, **k: fused_pairs.append(a[4].n) or real_fused(*a, **k))
+        monkeypatch.setattr(
+            bert.SelfAttention, "_attend", lambda s, q, *a: grouped_pairs.append(q.shape[0]) or real_attend(s, q, *a)
+        )
+        for i, hm in enumerate((None, mask)):
+            fused_pairs.clear(), grouped_pairs.clear()
+            got = m.logits(encoded.input_ids, encoded.token_type_ids, hm)
+            torch.testing.assert_close(got, want[i], atol=1e-5, rtol=0)
+            assert fused_pairs == ([len(lengths) - long] * 2 if long < len(lengths) else []), limit
+            assert sum(grouped_pairs) == 2 * long, limit  # each layer attends every long pair once
         monkeypatch.undo()
 
 

@@ -41,10 +41,12 @@ if __name__ == "__main__":
     spec = LoadSpec(sys.argv[1], threads=1, jobs=jobs, inference=sys.argv[2])
     backends = [ProcessBackend(spec) for _ in range(2)]
     batch = [([101, 2023, 2003, 102], [0, 0, 0, 0]), ([101, 7592, 102, 2088, 102], [0, 0, 0, 1, 1])]
-    inference = []
+    inference, probes = [], []
     try:
         for b in backends:
-            inference.append(b.load()["inference"])
+            info = b.load()
+            inference.append(info["inference"])
+            probes.append(info["inference_probe"])
             b.warm_up()
         scores = [b.forward(batch).expected for b in backends]
         server = [int(open(f"/proc/{b.pid}/stat").read().rsplit(")", 1)[1].split()[1]) for b in backends]
@@ -57,6 +59,8 @@ if __name__ == "__main__":
             "parent_threads": [len(os.listdir(f"/proc/{p}/task")) for p in server],
             "parent_openvino": [any("openvino" in line for line in open(f"/proc/{p}/maps")) for p in server],
             "inference": inference,
+            "probes": probes,
+            "child_openvino": [any("openvino" in line for line in open(f"/proc/{b.pid}/maps")) for b in backends],
             "children": [memory(b.pid) for b in backends],
         }
     finally:
@@ -98,6 +102,19 @@ def test_openvino_is_compiled_in_each_forked_model_process_never_in_the_template
     assert out["states"] == [{"template": True, "warmed": True, "threads": 1}] * 2  # torch's pages still shared
     assert out["parent_threads"] == [1, 1]  # the template still forks with one thread...
     assert out["parent_openvino"] == [False, False]  # ...and never loaded OpenVINO at all
+
+
+def test_an_auto_probe_that_keeps_torch_leaves_no_openvino_in_the_serving_process(tiny_checkpoint, tmp_path):
+    """`auto`: the first model process times OpenVINO against torch. Where torch wins, the process that probed
+    is replaced by a fresh one with the choice pinned, so that OpenVINO's libraries and pools (~140 MB on a
+    Zen 4) are not kept for nothing; the probe's figures still reach /info."""
+    pytest.importorskip("openvino")
+    out = forked(tiny_checkpoint, tmp_path, "auto")
+    # two bare backends, no worker to pin the first one's choice for the second: each probes
+    assert all(p is not None and set(p) == {"torch_ms", "openvino_ms"} for p in out["probes"])
+    for chosen, has_openvino in zip(out["inference"], out["child_openvino"]):
+        assert has_openvino is (chosen == "openvino")  # where OpenVINO won the probe here, it serves
+    assert out["parent_openvino"] == [False, False]
 
 
 def test_a_template_serves_only_its_own_spec_as_it_is_on_disk(tiny_checkpoint, monkeypatch):
