@@ -66,10 +66,11 @@ class Embeddings(nn.Module):
         return self.norm(self.word(p.ids) + self.token_type(p.segments) + self.position(p.positions))
 
 
-# The fused kernel attends the pairs of at most this many tokens; longer ones attend per group. On a Zen 3 (float32, one
-# layer's attention, 1 thread) it ran 1.09x the per-group flash kernel at 64 tokens, 1.02x at 128, 0.93x at
-# 256 and 0.81x at 512 (bfloat16: 1.71x, 1.37x, 0.96x, 1.15x): torch's kernel blocks long rows for the cache.
-# On a Zen 4 in native bfloat16, the whole forward: 1.05x the best per-group kernel at 128, 0.99x at 192, 0.91x at 512.
+# The fused kernel attends the pairs of at most this many tokens; longer ones attend per group. On a Zen 3
+# (float32, one layer's attention, 1 thread) it ran 1.09x the per-group flash kernel at 64 tokens, 1.02x at
+# 128, 0.93x at 256 and 0.81x at 512 (bfloat16: 1.71x, 1.37x, 0.96x, 1.15x): torch's kernel blocks long rows
+# for the cache. On a Zen 4 in native bfloat16, the whole forward: 1.05x the best per-group kernel at 128,
+# 0.99x at 192, 0.91x at 512 (bench/long_pairs.py).
 FUSED_MAX_TOKENS = 192
 # `math_attention` only on blocks of fewer keys: from 64 on, torch's flash kernel ran the whole bfloat16 forward
 # 1.2-1.3x faster (2.2x at 512 tokens), below it 0.91-0.93x (AMD EPYC Zen 4, 1 and 2 threads; docs/benchmarks.md)
