@@ -158,7 +158,8 @@ def main() -> int:
     lines += [f"- {k}: " + ", ".join(f"{n} {v:.0f}" for n, v in d.items()) for k, d in kernels.items()]
     text = "\n".join(lines)
     print(text)
-    publish("attention_ab", slug_of(isa()), report, text, a.quick)
+    key = slug_of(isa()) + ("" if a.threads == 1 else f"-{a.threads}threads")  # a section per thread count
+    publish("attention_ab", key, report, text, a.quick)
     return 0
 
 

@@ -189,67 +189,125 @@ INLINE void attend(const float *restrict kt, const float *restrict vv, int64_t v
 
 CLONES static void run(int dtype, const void *q, int64_t q_stride, const void *k, int64_t k_stride, const void *v,
                 int64_t v_stride, void *out, int64_t o_stride, const int64_t *qstart, const int64_t *qlen,
-                const int64_t *kstart, const int64_t *klen, int64_t npairs, int64_t nh, int64_t hs, float scale,
-                const float *head_mask, float *buf, int64_t maxk, int64_t maxq) {
+                const int64_t *kstart, const int64_t *klen, int64_t u0, int64_t u1, int64_t nh, int64_t hs,
+                float scale, const float *head_mask, float *buf, int64_t maxk, int64_t maxq) {
     const int64_t maxlp = (maxk + 15) / 16 * 16;
     float *kt = buf, *vv = kt + hs * maxlp, *qq = vv + maxk * hs, *ctx = qq + maxq * hs, *s = ctx + maxq * hs;
-    for (int64_t p = 0; p < npairs; p++) {
+    for (int64_t u = u0; u < u1; u++) { /* unit u: pair u / nh, head u % nh */
+        const int64_t p = u / nh, h = u % nh;
         const int64_t L = klen[p], nq = qlen[p], lp = (L + 15) / 16 * 16, k0 = kstart[p], q0 = qstart[p];
         if (L == 0 || nq == 0) continue;
-        for (int64_t h = 0; h < nh; h++) {
-            const int64_t col = h * hs;
-            const float w = head_mask ? head_mask[h] : 1.0f;
-            if (w == 0.0f) { /* a silenced head contributes zeros */
-                for (int64_t i = 0; i < nq; i++)
-                    for (int64_t d = 0; d < hs; d += 8) store8(dtype, out, (q0 + i) * o_stride + col + d, BC(0.0f));
-                continue;
-            }
-            for (int64_t j0 = 0; j0 < lp; j0 += 8) /* keys transposed, 8 x 8 at a time */
-                for (int64_t d0 = 0; d0 < hs; d0 += 8) {
-                    v8 r[8], c[8];
-                    for (int i = 0; i < 8; i++) { /* rows past L repeat the last key */
-                        const int64_t j = j0 + i < L ? j0 + i : L - 1;
-                        r[i] = load8(dtype, k, (k0 + j) * k_stride + col + d0);
-                    }
-                    transpose8(r, c);
-                    for (int i = 0; i < 8; i++) ST(kt + (d0 + i) * lp + j0, c[i]);
-                }
-            const float *vsrc = (const float *)v + k0 * v_stride + col; /* float32: read in place */
-            int64_t vs = v_stride;
-            if (dtype != 0) {
-                for (int64_t j = 0; j < L; j++)
-                    for (int64_t d = 0; d < hs; d += 8) ST(vv + j * hs + d, load8(dtype, v, (k0 + j) * v_stride + col + d));
-                vsrc = vv, vs = hs;
-            }
+        const int64_t col = h * hs;
+        const float w = head_mask ? head_mask[h] : 1.0f;
+        if (w == 0.0f) { /* a silenced head contributes zeros */
             for (int64_t i = 0; i < nq; i++)
-                for (int64_t d = 0; d < hs; d += 8)
-                    ST(qq + i * hs + d, load8(dtype, q, (q0 + i) * q_stride + col + d) * BC(scale));
-            attend(kt, vsrc, vs, qq, ctx, s, L, lp, hs, nq);
-            for (int64_t i = 0; i < nq; i++)
-                for (int64_t d = 0; d < hs; d += 8)
-                    store8(dtype, out, (q0 + i) * o_stride + col + d, LD(ctx + i * hs + d) * BC(w));
+                for (int64_t d = 0; d < hs; d += 8) store8(dtype, out, (q0 + i) * o_stride + col + d, BC(0.0f));
+            continue;
         }
+        for (int64_t j0 = 0; j0 < lp; j0 += 8) /* keys transposed, 8 x 8 at a time */
+            for (int64_t d0 = 0; d0 < hs; d0 += 8) {
+                v8 r[8], c[8];
+                for (int i = 0; i < 8; i++) { /* rows past L repeat the last key */
+                    const int64_t j = j0 + i < L ? j0 + i : L - 1;
+                    r[i] = load8(dtype, k, (k0 + j) * k_stride + col + d0);
+                }
+                transpose8(r, c);
+                for (int i = 0; i < 8; i++) ST(kt + (d0 + i) * lp + j0, c[i]);
+            }
+        const float *vsrc = (const float *)v + k0 * v_stride + col; /* float32: read in place */
+        int64_t vs = v_stride;
+        if (dtype != 0) {
+            for (int64_t j = 0; j < L; j++)
+                for (int64_t d = 0; d < hs; d += 8) ST(vv + j * hs + d, load8(dtype, v, (k0 + j) * v_stride + col + d));
+            vsrc = vv, vs = hs;
+        }
+        for (int64_t i = 0; i < nq; i++)
+            for (int64_t d = 0; d < hs; d += 8)
+                ST(qq + i * hs + d, load8(dtype, q, (q0 + i) * q_stride + col + d) * BC(scale));
+        attend(kt, vsrc, vs, qq, ctx, s, L, lp, hs, nq);
+        for (int64_t i = 0; i < nq; i++)
+            for (int64_t d = 0; d < hs; d += 8)
+                store8(dtype, out, (q0 + i) * o_stride + col + d, LD(ctx + i * hs + d) * BC(w));
     }
 }
 
+/* Several threads: the OpenMP runtime the process already has (torch's), handed over by the caller
+ * (qtrel_use_openmp), so the kernel runs on the team that runs torch's kernels, warm and never
+ * oversubscribed; a team of our own, started per call, cost more than it saved (docs/benchmarks.md). */
+typedef void (*gomp_parallel_fn)(void (*)(void *), void *, unsigned, unsigned);
+static gomp_parallel_fn gomp_parallel;
+static int (*omp_thread_num)(void), (*omp_num_threads)(void);
+
+void qtrel_use_openmp(void *parallel, void *thread_num, void *num_threads) {
+    gomp_parallel = (gomp_parallel_fn)parallel;
+    omp_thread_num = (int (*)(void))thread_num;
+    omp_num_threads = (int (*)(void))num_threads;
+}
+
+#define MAX_THREADS 256
+typedef struct {
+    int dtype;
+    const void *q, *k, *v;
+    void *out;
+    int64_t q_stride, k_stride, v_stride, o_stride, nh, hs, maxk, maxq, per;
+    const int64_t *qstart, *qlen, *kstart, *klen;
+    float scale;
+    const float *head_mask;
+    float *buf;
+    int64_t bound[MAX_THREADS + 1]; /* part t: units bound[t] .. bound[t + 1] - 1 */
+    int parts;
+} job_t;
+
+static void run_part(job_t *j, int t) {
+    run(j->dtype, j->q, j->q_stride, j->k, j->k_stride, j->v, j->v_stride, j->out, j->o_stride, j->qstart, j->qlen,
+        j->kstart, j->klen, j->bound[t], j->bound[t + 1], j->nh, j->hs, j->scale, j->head_mask, j->buf + t * j->per,
+        j->maxk, j->maxq);
+}
+
+static void team_member(void *arg) {
+    job_t *j = arg;
+    /* a team smaller than asked for (the runtime may give fewer) still covers every part */
+    for (int t = omp_thread_num(), n = omp_num_threads(); t < j->parts; t += n) run_part(j, t);
+}
+
 /* Returns 0; -1 when scratch memory cannot be had, -2 for a head size that is not a multiple of 8 (nothing
- * written then). The caller checks that every row it names lies inside its tensors. */
+ * written then). The caller checks that every row it names lies inside its tensors. `threads` > 1 splits the
+ * (pair, head) units into that many runs of about equal work, on the OpenMP team where one was handed over:
+ * each unit is computed as on one thread, so the result is the same bit for bit. */
 int qtrel_packed_attention(int dtype, const void *q, int64_t q_stride, const void *k, int64_t k_stride,
                            const void *v, int64_t v_stride, void *out, int64_t o_stride, const int64_t *qstart,
                            const int64_t *qlen, const int64_t *kstart, const int64_t *klen, int64_t npairs,
-                           int64_t nh, int64_t hs, float scale, const float *head_mask) {
+                           int64_t nh, int64_t hs, float scale, const float *head_mask, int threads) {
     if (hs <= 0 || hs % 8) return -2;
-    int64_t maxk = 0, maxq = 0;
+    int64_t maxk = 0, maxq = 0, work = 0;
     for (int64_t p = 0; p < npairs; p++) {
         if (klen[p] > maxk) maxk = klen[p];
         if (qlen[p] > maxq) maxq = qlen[p];
+        work += klen[p] * (qlen[p] + 1); /* scores and context, plus the keys' transpose */
     }
     if (maxk == 0 || maxq == 0) return 0;
+    const int64_t units = npairs * nh;
+    work *= nh;
+    if (!gomp_parallel || threads > MAX_THREADS) threads = threads > MAX_THREADS ? MAX_THREADS : 1;
+    if (threads > units) threads = (int)units;
+    if (threads < 1) threads = 1;
     const int64_t maxlp = (maxk + 15) / 16 * 16;
-    float *buf = malloc(sizeof(float) * (size_t)(hs * maxlp + maxk * hs + 2 * maxq * hs + QB * maxlp));
-    if (!buf) return -1;
-    run(dtype, q, q_stride, k, k_stride, v, v_stride, out, o_stride, qstart, qlen, kstart, klen, npairs, nh, hs,
-        scale, head_mask, buf, maxk, maxq);
-    free(buf);
+    job_t j = {dtype, q, k, v, out, q_stride, k_stride, v_stride, o_stride, nh, hs, maxk, maxq,
+               hs * maxlp + maxk * hs + 2 * maxq * hs + QB * maxlp, qstart, qlen, kstart, klen, scale, head_mask};
+    j.buf = malloc(sizeof(float) * (size_t)(j.per * threads));
+    if (!j.buf) return -1;
+    j.parts = threads;
+    j.bound[0] = 0;
+    int t = 1;
+    for (int64_t u = 0, done = 0; u < units && t < threads; u++) { /* cut where the work so far passes t/threads */
+        done += klen[u / nh] * (qlen[u / nh] + 1);
+        if (done * threads >= work * t) j.bound[t++] = u + 1;
+    }
+    while (t <= threads) j.bound[t++] = units;
+    if (threads == 1)
+        run_part(&j, 0);
+    else
+        gomp_parallel(team_member, &j, (unsigned)threads, 0);
+    free(j.buf);
     return 0;
 }

@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from model.config import BertConfig
-from model.fused_attention import Rows, packed_attention
+from model.fused_attention import Rows, packed_attention, parallel
 from model.packing import Packing, pack, token_bucket
 
 if TYPE_CHECKING:
@@ -116,8 +116,8 @@ class SelfAttention(nn.Module):
         return F.scaled_dot_product_attention(q, k, v, attn_mask=bias)
 
     def _fused(self) -> bool:
-        # single-threaded: on more torch threads their kernels split the work; no autograd through ctypes
-        return self.kernel == "fused" and torch.get_num_threads() == 1 and not torch.is_grad_enabled()
+        # several threads only on torch's OpenMP team (fused_attention.parallel); no autograd through ctypes
+        return self.kernel == "fused" and (torch.get_num_threads() == 1 or parallel()) and not torch.is_grad_enabled()
 
     def forward(
         self, x: Tensor, bias: Tensor, head_mask: Tensor | None, return_probs: bool

@@ -21,7 +21,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-__all__ = ["Rows", "available", "bind", "packed_attention", "supports"]
+__all__ = ["Rows", "available", "bind", "packed_attention", "parallel", "supports"]
 
 _DTYPES = {torch.float32: 0, torch.bfloat16: 1}
 _HERE = Path(__file__).parent
@@ -42,14 +42,51 @@ def _library() -> tuple[ctypes.CDLL | None, str]:
         return None, f"cannot load {path.name}: {e}"
 
 
-def bind(path: str | Path) -> ctypes.CDLL:
-    """The kernel's library at `path`, its entry point typed (tests load builds for each ISA this way)."""
+def bind(path: str | Path, openmp: bool = True) -> ctypes.CDLL:
+    """The kernel's library at `path`, its entry point typed and handed torch's OpenMP runtime where there is
+    one and `openmp` (tests load builds for each ISA, and one without threads, this way)."""
     lib = ctypes.CDLL(str(path))  # CDLL: the call releases the GIL, as torch's kernels do
     f = lib.qtrel_packed_attention
     p, i = ctypes.c_void_p, ctypes.c_int64
-    f.argtypes = [ctypes.c_int, p, i, p, i, p, i, p, i, p, p, p, p, i, i, i, ctypes.c_float, p]
+    f.argtypes = [ctypes.c_int, p, i, p, i, p, i, p, i, p, p, p, p, i, i, i, ctypes.c_float, p, ctypes.c_int]
     f.restype = ctypes.c_int
+    lib.qtrel_use_openmp.argtypes = [p, p, p]
+    lib.qtrel_use_openmp.restype = None
+    if openmp and (omp := _openmp()):
+        lib.qtrel_use_openmp(*(ctypes.cast(getattr(omp, n), p) for n in _OPENMP))
     return lib
+
+
+_OPENMP = ("GOMP_parallel", "omp_get_thread_num", "omp_get_num_threads")
+
+
+@cache
+def _openmp() -> ctypes.CDLL | None:
+    """The OpenMP runtime torch's kernels run on (libgomp in torch's wheels; Intel's exports the same entry
+    points), so that the kernel's threads are that team's, or None where torch threads otherwise."""
+    if "OpenMP" not in torch.__config__.parallel_info().split("ATen parallel backend:")[-1]:
+        return None
+    torch_dir = str(Path(torch.__file__).parent)
+    try:  # the one torch loaded, by its path: a second runtime would be a second team
+        with open("/proc/self/maps") as f:
+            paths = {line.split()[-1] for line in f if "omp" in line.rsplit("/", 1)[-1]}
+    except OSError:
+        paths = set()
+    for path in sorted(paths, key=lambda x: not x.startswith(torch_dir)):
+        try:
+            lib = ctypes.CDLL(path)
+            if all(hasattr(lib, n) for n in _OPENMP):
+                return lib
+        except OSError:
+            continue
+    lib = ctypes.CDLL(None)  # linked into the process (torch built against a system runtime)
+    return lib if all(hasattr(lib, n) for n in _OPENMP) else None
+
+
+def parallel() -> bool:
+    """Whether the kernel runs on several threads (torch's OpenMP team) when torch has several."""
+    lib, _ = _library()
+    return lib is not None and _openmp() is not None
 
 
 def available() -> tuple[bool, str]:
@@ -103,11 +140,14 @@ def packed_attention(
     heads: int,
     head_size: int,
     head_mask: Tensor | None = None,
+    threads: int | None = None,
 ) -> Tensor:
     """Attention of packed pairs: each pair's query rows of `q` (`rows`) attend to its key and value rows of
     `k` and `v`; the context goes to `out` at the query rows. Each row holds `heads` heads of `head_size`
     from column 0 (q, k and v may be column slices of one projection). `head_mask`: (heads,) per-head
-    weights, 0 silencing a head. Rows of `out` that no pair names are left as they were. Returns `out`."""
+    weights, 0 silencing a head. Rows of `out` that no pair names are left as they were. `threads`: how many of
+    torch's OpenMP threads split the pairs' heads (default: torch's thread count; one where `parallel()` is
+    false); the result is the same on any number. Returns `out`."""
     lib, why = _library()
     if lib is None:
         raise RuntimeError(f"the fused attention kernel is not available: {why}")
@@ -119,6 +159,7 @@ def packed_attention(
         raise ValueError("k and v need as many rows; out as many as q, contiguous")
     if rows.q_rows > nq or rows.k_rows > nk:
         raise ValueError("a pair's rows lie outside q, k or v")
+    threads = max(1, torch.get_num_threads() if threads is None else int(threads))
     mask = None
     if head_mask is not None:
         mask = head_mask.detach().to("cpu", torch.float32).contiguous()
@@ -127,7 +168,7 @@ def packed_attention(
     rc = lib.qtrel_packed_attention(
         _DTYPES[q.dtype],
         q.data_ptr(), q.stride(0), k.data_ptr(), k.stride(0), v.data_ptr(), v.stride(0), out.data_ptr(), out.stride(0),
-        *rows.pointers, rows.n, heads, head_size, head_size**-0.5, None if mask is None else mask.data_ptr(),
+        *rows.pointers, rows.n, heads, head_size, head_size**-0.5, None if mask is None else mask.data_ptr(), threads,
     )  # fmt: skip
     if rc != 0:
         raise MemoryError("the fused attention kernel could not allocate its scratch memory")

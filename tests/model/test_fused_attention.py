@@ -58,7 +58,7 @@ CASES = [  # lengths, heads, head size
 ]
 
 
-def check(lengths, nh, hs, dtype, lib=None, cls_only=False, mask=None, monkeypatch=None):
+def check(lengths, nh, hs, dtype, lib=None, cls_only=False, mask=None, monkeypatch=None, threads=None):
     st, ln, n = layout(lengths)
     g = torch.Generator().manual_seed(len(lengths) * 131 + nh * 7 + hs)
     w = nh * hs
@@ -71,7 +71,7 @@ def check(lengths, nh, hs, dtype, lib=None, cls_only=False, mask=None, monkeypat
     out = torch.full((len(q), w), 7.0, dtype=dtype)  # rows no pair names must keep this
     if lib is not None:
         monkeypatch.setattr(fa, "_library", lambda: (lib, ""))
-    fa.packed_attention(q, k, v, out, fa.Rows(qs, ql, st, ln), nh, hs, mask)
+    fa.packed_attention(q, k, v, out, fa.Rows(qs, ql, st, ln), nh, hs, mask, threads)
     want = reference(q.float(), k.float(), v.float(), qs, ql, st, ln, nh, hs, mask)
     tol = 1e-5 if dtype == torch.float32 else 2e-2
     named = set(want)
@@ -80,6 +80,7 @@ def check(lengths, nh, hs, dtype, lib=None, cls_only=False, mask=None, monkeypat
             torch.testing.assert_close(out[r].double(), want[r], atol=tol, rtol=tol if dtype == torch.float32 else 1e-2)
         else:
             assert torch.all(out[r] == 7.0), f"row {r} belongs to no pair and was written"
+    return out
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["float32", "bfloat16"])
@@ -95,6 +96,30 @@ def test_cls_rows_and_head_mask(dtype):
     mask = torch.tensor([1.0, 0.0, 0.5, 1.0])
     check([9, 31, 4, 17], 4, 32, dtype, cls_only=True, mask=mask)
     check([9, 31, 4, 17], 4, 32, dtype, mask=mask)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["float32", "bfloat16"])
+def test_threads_split_the_work_bit_for_bit(dtype):
+    """On several of torch's OpenMP threads the (pair, head) units are split by work; each is computed as on
+    one thread, so every thread count gives the same bits, more threads than units included."""
+    assert fa.parallel()  # torch's CPU wheels run OpenMP: the kernel must find it
+    mask = torch.tensor([1.0, 0.0, 0.5, 1.0])
+    for lengths, nh, hs in CASES + [([9, 31, 4, 17], 4, 32)]:
+        one = check(lengths, nh, hs, dtype, threads=1)
+        for t in (2, 3, 8, 300):
+            assert torch.equal(check(lengths, nh, hs, dtype, threads=t), one), (lengths, t)
+    one = check([9, 31, 4, 17], 4, 32, dtype, cls_only=True, mask=mask, threads=1)
+    assert torch.equal(check([9, 31, 4, 17], 4, 32, dtype, cls_only=True, mask=mask, threads=2), one)
+
+
+def test_without_openmp_one_thread(tmp_path, monkeypatch):
+    """A library not handed an OpenMP runtime (torch threading otherwise) runs any `threads` on the caller's."""
+    so = tmp_path / "attention-serial.so"
+    shutil.copy(fa._library()[0]._name, so)  # another file: its own copy of the library's state
+    lib = fa.bind(so, openmp=False)
+    one = check([33, 20, 14, 14, 40], 12, 32, torch.float32, lib=lib, monkeypatch=monkeypatch, threads=1)
+    assert torch.equal(check([33, 20, 14, 14, 40], 12, 32, torch.float32, lib=lib, monkeypatch=monkeypatch,
+                             threads=4), one)  # fmt: skip
 
 
 def isa_builds():
@@ -125,6 +150,7 @@ def test_every_isa_build_matches_reference(name, march, tmp_path, monkeypatch):
         check([24, 11, 1], 2, 40, dtype, lib=lib, monkeypatch=monkeypatch)
         check([9, 31, 4, 17], 4, 32, dtype, lib=lib, cls_only=True, mask=torch.tensor([1.0, 0.0, 0.5, 1.0]),
               monkeypatch=monkeypatch)  # fmt: skip
+        check([33, 20, 14, 14, 40], 12, 32, dtype, lib=lib, monkeypatch=monkeypatch, threads=3)
 
 
 def test_refuses_what_it_cannot_compute():
@@ -216,7 +242,7 @@ def encoded(unpacked):
 @pytest.mark.parametrize("dtype, atol", [("float32", 1e-5), ("bfloat16", 0.08)])
 def test_model_kernels_agree(tiny_checkpoint, unpacked, encoded, dtype, atol, monkeypatch):
     """The packed forward with the fused kernel gives the padded reference's logits, with and without a head
-    mask; at 2 torch threads it hands the work to torch's kernels (still the same logits)."""
+    mask; at 2 torch threads too, on torch's OpenMP team."""
     m = RelevanceModel.load(tiny_checkpoint, dtype=dtype)
     mask = torch.ones(2, 4)
     mask[1, 0] = 0
@@ -237,7 +263,7 @@ def test_model_kernels_agree(tiny_checkpoint, unpacked, encoded, dtype, atol, mo
         torch.testing.assert_close(got, want["plain"], atol=atol, rtol=0)
     finally:
         torch.set_num_threads(threads)
-    assert calls == [0]  # two threads: one forward, on the per-group kernel
+    assert calls == [2]  # two threads: still fused
 
 
 def test_long_pairs_go_to_the_per_group_kernel(tiny_checkpoint, unpacked, encoded, monkeypatch):
