@@ -34,7 +34,9 @@ SIZES = (8, 19, 32)
 
 
 def run(m: RelevanceModel, batches, kernel: str) -> tuple[float, torch.Tensor]:
-    m.use_attention(kernel)
+    # "fused-f32": the fused kernel in float32 arithmetic where its AVX512-BF16 path would run
+    fused_attention.bf16_dot(kernel != "fused-f32")
+    m.use_attention("fused" if kernel == "fused-f32" else kernel)
     with torch.inference_mode():
         t0 = time.perf_counter()
         out = [m.logits(ids, seg) for ids, seg in batches]
@@ -81,6 +83,8 @@ def main() -> int:
     }
     res: dict = {}
     kinds = ("sdpa", "math") + (("fused",) if fused_attention.available()[0] else ())
+    if m.dtype == "bfloat16" and fused_attention.bf16_dot():
+        kinds += ("fused-f32",)
     if a.pause_pid:
         os.kill(a.pause_pid, signal.SIGSTOP)
     try:
@@ -100,6 +104,7 @@ def main() -> int:
             for b, t in ((2, 27), (6, 27), (6, 40))
         }
     finally:
+        fused_attention.bf16_dot(True)
         if a.pause_pid:
             os.kill(a.pause_pid, signal.SIGCONT)
     for b in SIZES:
@@ -129,7 +134,12 @@ def main() -> int:
         "forward": res,
         "bare_kernels_us": kernels,
     }
-    names = {"sdpa": "flash SDPA", "math": "math (2 matmuls + float32 softmax)", "fused": "fused (one call a layer)"}
+    names = {
+        "sdpa": "flash SDPA",
+        "math": "math (2 matmuls + float32 softmax)",
+        "fused": "fused (one call a layer)" + (", AVX512-BF16 dot products" if "fused-f32" in kinds else ""),
+        "fused-f32": "fused, float32 arithmetic",
+    }
     others = [w for w in kinds if w != "sdpa"]
     lines = [
         f"### Attention kernel A/B inside the default forward (`bench/attention_ab.py`, {report['machine']['date']})",

@@ -3,11 +3,11 @@
 MiniLM's served pairs are ~27 tokens, where the A/Bs chose the kernels (bench/attention_ab.py); a user who raises
 `max_length` sends longer ones. This times the default model's whole forward on batches of ~4,096 tokens of
 pairs all of one length (random tokens, a 10-token query), with each kernel forced for every block and the
-length guards lifted (`model.bert.FUSED_MAX_TOKENS`, `MATH_MAX_TOKENS`): torch's flash kernel per group, the
-plain matmuls per group, and the fused kernel (on several threads, on torch's OpenMP team). Then the shipped rules
-against one kernel for a whole batch on mixed batches. Kernels interleaved per round, the order rotated; median
-ms and the per-round ratios. What it found fixed MATH_MAX_TOKENS and checks FUSED_MAX_TOKENS on the machine at
-hand.
+length guards lifted (each layer's `fused_max`, `model.bert.MATH_MAX_TOKENS`): torch's flash kernel per group, the
+plain matmuls per group, and the fused kernel (on several threads, on torch's OpenMP team). Then the shipped
+rules against one kernel for a whole batch on mixed batches. Kernels interleaved per round, the order rotated;
+median ms and the per-round ratios. What it found fixed MATH_MAX_TOKENS and checks
+`model.kernels.fused_max_tokens` on the machine at hand.
 
   python bench/long_pairs.py --model model/default [--threads 1] [--rounds 6] [--dtype float32]
 """
@@ -39,10 +39,17 @@ def pairs(lengths: list[int], rng: random.Random) -> tuple[list[list[int]], list
     return ids, [[0] * 12 + [1] * (n - 12) for n in lengths]
 
 
+def set_guards(m: RelevanceModel, guards: tuple[int, int]) -> None:
+    """The fused kernel's longest pair (each layer's `fused_max`) and the plain matmuls' longest block."""
+    for layer in m.module.bert.blocks:
+        layer.attn.fused_max = guards[0]
+    bert.MATH_MAX_TOKENS = guards[1]
+
+
 def timed(m: RelevanceModel, batch, kind: str | None, guards: tuple[int, int]) -> tuple[float, torch.Tensor]:
-    bert.FUSED_MAX_TOKENS, bert.MATH_MAX_TOKENS = guards
     if kind is not None:
-        m.use_attention(kind)
+        m.use_attention(kind)  # before the guards: it sets the shipped fused_max
+    set_guards(m, guards)
     t0 = time.perf_counter()
     out = m.logits(*batch)
     return 1e3 * (time.perf_counter() - t0), out
@@ -75,7 +82,7 @@ def main() -> int:
     m = RelevanceModel.load(a.model, dtype=a.dtype)
     m.warm_up()
     shipped, grouped = m.attention, m.module.bert.blocks[0].attn.grouped
-    shipped_guards = (bert.FUSED_MAX_TOKENS, bert.MATH_MAX_TOKENS)
+    shipped_guards = (m.module.bert.blocks[0].attn.fused_max, bert.MATH_MAX_TOKENS)
     dtype = m.module.bert.embeddings.word.weight.dtype
     several = a.threads == 1 or fused_attention.parallel()  # the fused kernel runs on this many threads
     kinds = ["sdpa", "math"] + (["fused"] if several and fused_attention.available()[0] else [])
@@ -106,15 +113,17 @@ def main() -> int:
             arms = {"shipped": (None, shipped_guards), "per group, every pair": (grouped, shipped_guards)}
             if grouped == "math":
                 arms["per group, math on every block"] = (grouped, (shipped_guards[0], 10**6))
-            if shipped == "fused" and several:
+            if shipped == "fused" and several and shipped_guards[0] < 10**6:
                 arms["fused, every pair"] = ("fused", (10**6, shipped_guards[1]))
+            elif shipped == "fused" and several:  # the float32 path's guard, against every pair fused
+                arms[f"fused up to {bert.FUSED_MAX_TOKENS}"] = ("fused", (bert.FUSED_MAX_TOKENS, shipped_guards[1]))
             ms = interleaved(m, batch, arms, rounds)
             ratios = {k: [o / s for s, o in zip(ms["shipped"], v)] for k, v in ms.items() if k != "shipped"}
             res["mixed"][name] = {"ms": {k: statistics.median(v) for k, v in ms.items()}, "ratios": ratios}
             print(name, res["mixed"][name]["ms"], flush=True)
     finally:
-        bert.FUSED_MAX_TOKENS, bert.MATH_MAX_TOKENS = shipped_guards
         m.use_attention(shipped)
+        set_guards(m, shipped_guards)
 
     report = {
         "machine": machine(),
@@ -126,13 +135,14 @@ def main() -> int:
         **res,
     }
     stamp = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
+    longest = "every pair's" if shipped_guards[0] >= 10**6 else f"{shipped_guards[0]}"
     lines = [
         f"### Attention kernels by pair length (`bench/long_pairs.py`, {stamp})",
         "",
         f"{report['dtype']}, {a.threads} torch thread(s); the default model's whole forward on batches of "
         f"~{TOKENS} tokens of pairs all of one length (random tokens), each kernel forced on every block with "
         f"the length guards lifted, interleaved over {rounds} rounds (median ms per forward). Shipped here: "
-        f"**{shipped}**, per group **{grouped}**; the fused kernel up to {shipped_guards[0]} tokens, the plain "
+        f"**{shipped}**, per group **{grouped}**; the fused kernel up to {longest} tokens, the plain "
         f"matmuls on blocks up to {shipped_guards[1]} keys.",
         f"- {isa_line(report['isa'])}",
         f"- command: `{report['command']}`",

@@ -231,6 +231,198 @@ CLONES static void run(int dtype, const void *q, int64_t q_stride, const void *k
     }
 }
 
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#include <immintrin.h>
+#define BF16_DOT 1
+#define BF16_TARGET __attribute__((target("avx512f,avx512vl,avx512bw,avx512dq,avx512bf16,avx2,fma")))
+
+INLINE uint32_t ld32(const uint16_t *p) { /* two bf16, any alignment */
+    uint32_t x;
+    memcpy(&x, p, 4);
+    return x;
+}
+
+/* bfloat16 input on CPUs with AVX512-BF16: both products as `vdpbf16ps` (two bf16 products summed into each
+ * float32 lane), half the instructions of the float32 path. The scores' products are exact as before (bf16 x
+ * bf16 fits float32); the context rounds the softmax weights to bf16 first, as torch's bf16 kernels do.
+ * kt2: (hs / 2) x lp pairs of d, the keys transposed (columns past L repeat real keys, never used); vv2: the
+ * values as pairs of consecutive keys, ((L + 1) / 2) x hs (an odd L's last pair padded with a zero key);
+ * q: nq rows of bf16, q_stride apart; s: QB x lp floats; pb: QB x lp bf16; ctx: nq x hs floats. */
+BF16_TARGET static void attend_bf16(const uint32_t *restrict kt2, const uint32_t *restrict vv2,
+                                    const uint16_t *restrict q, int64_t q_stride, float scale, float *restrict ctx,
+                                    float *restrict s, uint16_t *restrict pb, int64_t L, int64_t lp, int64_t hs,
+                                    int64_t nq) {
+    const int64_t h2 = hs / 2, L2 = (L + 1) / 2;
+    for (int64_t i0 = 0; i0 < nq; i0 += QB) {
+        const int64_t nb = nq - i0 < QB ? nq - i0 : QB;
+        const uint16_t *q0 = q + i0 * q_stride; /* rows past the block's repeat its first (computed, not used) */
+        const uint16_t *q1 = q0 + (nb > 1) * q_stride, *q2 = q0 + (nb > 2) * 2 * q_stride,
+                       *q3 = q0 + (nb > 3) * 3 * q_stride;
+        for (int64_t j = 0; j < lp; j += 16) {
+            __m256 a00 = _mm256_setzero_ps(), a01 = a00, a10 = a00, a11 = a00, a20 = a00, a21 = a00, a30 = a00,
+                   a31 = a00;
+            for (int64_t d2 = 0; d2 < h2; d2++) {
+                const __m256bh k0 = (__m256bh)_mm256_loadu_si256((const __m256i *)(kt2 + d2 * lp + j));
+                const __m256bh k1 = (__m256bh)_mm256_loadu_si256((const __m256i *)(kt2 + d2 * lp + j + 8));
+                __m256bh b = (__m256bh)_mm256_set1_epi32((int)ld32(q0 + 2 * d2));
+                a00 = _mm256_dpbf16_ps(a00, b, k0), a01 = _mm256_dpbf16_ps(a01, b, k1);
+                b = (__m256bh)_mm256_set1_epi32((int)ld32(q1 + 2 * d2));
+                a10 = _mm256_dpbf16_ps(a10, b, k0), a11 = _mm256_dpbf16_ps(a11, b, k1);
+                b = (__m256bh)_mm256_set1_epi32((int)ld32(q2 + 2 * d2));
+                a20 = _mm256_dpbf16_ps(a20, b, k0), a21 = _mm256_dpbf16_ps(a21, b, k1);
+                b = (__m256bh)_mm256_set1_epi32((int)ld32(q3 + 2 * d2));
+                a30 = _mm256_dpbf16_ps(a30, b, k0), a31 = _mm256_dpbf16_ps(a31, b, k1);
+            }
+            const __m256 sc = _mm256_set1_ps(scale);
+            _mm256_storeu_ps(s + j, _mm256_mul_ps(a00, sc)), _mm256_storeu_ps(s + j + 8, _mm256_mul_ps(a01, sc));
+            _mm256_storeu_ps(s + lp + j, _mm256_mul_ps(a10, sc));
+            _mm256_storeu_ps(s + lp + j + 8, _mm256_mul_ps(a11, sc));
+            _mm256_storeu_ps(s + 2 * lp + j, _mm256_mul_ps(a20, sc));
+            _mm256_storeu_ps(s + 2 * lp + j + 8, _mm256_mul_ps(a21, sc));
+            _mm256_storeu_ps(s + 3 * lp + j, _mm256_mul_ps(a30, sc));
+            _mm256_storeu_ps(s + 3 * lp + j + 8, _mm256_mul_ps(a31, sc));
+        }
+        float inv[QB];
+        for (int64_t r = 0; r < nb; r++) { /* softmax as the float32 path's, then the weights to bf16 */
+            float *sr = s + r * lp;
+            for (int64_t j = L; j < lp; j++) sr[j] = -INFINITY;
+            v8 m = BC(-INFINITY);
+            v8i nan = {0};
+            for (int64_t j = 0; j < lp; j += 8) {
+                const v8 x = LD(sr + j);
+                m = vmax(m, x);
+                nan |= x != x;
+            }
+            float mx = m[0];
+            int bad = 0;
+            for (int i = 0; i < 8; i++) mx = m[i] > mx ? m[i] : mx, bad |= nan[i];
+            v8 sum = {0};
+            for (int64_t j = 0; j < lp; j += 8) {
+                const v8 e = vexp_nonpos(LD(sr + j) - BC(mx));
+                ST(sr + j, e);
+                sum += e;
+            }
+            inv[r] = 1.0f / (sum[0] + sum[1] + sum[2] + sum[3] + sum[4] + sum[5] + sum[6] + sum[7]);
+            if (bad || !(mx <= 3.4e38f)) inv[r] = NAN;
+            for (int64_t j = 0; j < lp; j += 16) {
+                const __m256bh w = _mm256_cvtne2ps_pbh(_mm256_loadu_ps(sr + j + 8), _mm256_loadu_ps(sr + j));
+                _mm256_storeu_si256((__m256i *)(pb + r * lp + j), (__m256i)w);
+            }
+            pb[r * lp + L] = 0; /* an odd L's padding key (lp > L then): weight 0, never 1e-38 x its zeros */
+        }
+        for (int64_t r = 0; r < nb; r += 2) { /* context: 2 rows x 32 columns, two keys per instruction */
+            const uint16_t *p0 = pb + r * lp, *p1 = pb + (r + 1 < nb ? r + 1 : r) * lp;
+            int64_t d0 = 0;
+            for (; d0 + 32 <= hs; d0 += 32) {
+                __m256 c00 = _mm256_setzero_ps(), c01 = c00, c02 = c00, c03 = c00, c10 = c00, c11 = c00, c12 = c00,
+                       c13 = c00;
+                for (int64_t j2 = 0; j2 < L2; j2++) {
+                    const uint32_t *vj = vv2 + j2 * hs + d0;
+                    const __m256bh v0 = (__m256bh)_mm256_loadu_si256((const __m256i *)vj);
+                    const __m256bh v1 = (__m256bh)_mm256_loadu_si256((const __m256i *)(vj + 8));
+                    const __m256bh v2 = (__m256bh)_mm256_loadu_si256((const __m256i *)(vj + 16));
+                    const __m256bh v3 = (__m256bh)_mm256_loadu_si256((const __m256i *)(vj + 24));
+                    __m256bh b = (__m256bh)_mm256_set1_epi32((int)ld32(p0 + 2 * j2));
+                    c00 = _mm256_dpbf16_ps(c00, b, v0), c01 = _mm256_dpbf16_ps(c01, b, v1);
+                    c02 = _mm256_dpbf16_ps(c02, b, v2), c03 = _mm256_dpbf16_ps(c03, b, v3);
+                    b = (__m256bh)_mm256_set1_epi32((int)ld32(p1 + 2 * j2));
+                    c10 = _mm256_dpbf16_ps(c10, b, v0), c11 = _mm256_dpbf16_ps(c11, b, v1);
+                    c12 = _mm256_dpbf16_ps(c12, b, v2), c13 = _mm256_dpbf16_ps(c13, b, v3);
+                }
+                float *o = ctx + (i0 + r) * hs + d0;
+                const __m256 w0 = _mm256_set1_ps(inv[r]);
+                _mm256_storeu_ps(o, _mm256_mul_ps(c00, w0)), _mm256_storeu_ps(o + 8, _mm256_mul_ps(c01, w0));
+                _mm256_storeu_ps(o + 16, _mm256_mul_ps(c02, w0)), _mm256_storeu_ps(o + 24, _mm256_mul_ps(c03, w0));
+                if (r + 1 < nb) {
+                    const __m256 w1 = _mm256_set1_ps(inv[r + 1]);
+                    o += hs;
+                    _mm256_storeu_ps(o, _mm256_mul_ps(c10, w1)), _mm256_storeu_ps(o + 8, _mm256_mul_ps(c11, w1));
+                    _mm256_storeu_ps(o + 16, _mm256_mul_ps(c12, w1));
+                    _mm256_storeu_ps(o + 24, _mm256_mul_ps(c13, w1));
+                }
+            }
+            for (; d0 < hs; d0 += 8) { /* head sizes that are not a multiple of 32 */
+                __m256 c0 = _mm256_setzero_ps(), c1 = c0;
+                for (int64_t j2 = 0; j2 < L2; j2++) {
+                    const __m256bh v0 = (__m256bh)_mm256_loadu_si256((const __m256i *)(vv2 + j2 * hs + d0));
+                    c0 = _mm256_dpbf16_ps(c0, (__m256bh)_mm256_set1_epi32((int)ld32(p0 + 2 * j2)), v0);
+                    c1 = _mm256_dpbf16_ps(c1, (__m256bh)_mm256_set1_epi32((int)ld32(p1 + 2 * j2)), v0);
+                }
+                float *o = ctx + (i0 + r) * hs + d0;
+                _mm256_storeu_ps(o, _mm256_mul_ps(c0, _mm256_set1_ps(inv[r])));
+                if (r + 1 < nb) _mm256_storeu_ps(o + hs, _mm256_mul_ps(c1, _mm256_set1_ps(inv[r + 1])));
+            }
+        }
+    }
+}
+
+/* `run` for bfloat16 on AVX512-BF16: the same units, each through attend_bf16. */
+BF16_TARGET static void run_bf16(const uint16_t *q, int64_t q_stride, const uint16_t *k, int64_t k_stride,
+                                 const uint16_t *v, int64_t v_stride, uint16_t *out, int64_t o_stride,
+                                 const int64_t *qstart, const int64_t *qlen, const int64_t *kstart, const int64_t *klen,
+                                 int64_t u0, int64_t u1, int64_t nh, int64_t hs, float scale, const float *head_mask,
+                                 float *buf, int64_t maxk, int64_t maxq) {
+    const int64_t maxlp = (maxk + 15) / 16 * 16, h2 = hs / 2;
+    uint32_t *kt2 = (uint32_t *)buf, *vv2 = kt2 + h2 * maxlp;
+    float *ctx = (float *)(vv2 + (maxk + 1) / 2 * hs), *s = ctx + maxq * hs;
+    uint16_t *pb = (uint16_t *)(s + QB * maxlp);
+    for (int64_t u = u0; u < u1; u++) {
+        const int64_t p = u / nh, h = u % nh;
+        const int64_t L = klen[p], nq = qlen[p], lp = (L + 15) / 16 * 16, k0 = kstart[p], q0 = qstart[p];
+        if (L == 0 || nq == 0) continue;
+        const int64_t col = h * hs;
+        const float w = head_mask ? head_mask[h] : 1.0f;
+        if (w == 0.0f) {
+            for (int64_t i = 0; i < nq; i++)
+                for (int64_t d = 0; d < hs; d += 8) store8(1, out, (q0 + i) * o_stride + col + d, BC(0.0f));
+            continue;
+        }
+        for (int64_t j0 = 0; j0 < lp; j0 += 8) { /* keys transposed as pairs of d: 8 keys x 8 pairs at a time */
+            const uint16_t *kr[8];
+            for (int i = 0; i < 8; i++) kr[i] = k + (k0 + (j0 + i < L ? j0 + i : L - 1)) * k_stride + col;
+            int64_t d2 = 0;
+            for (; d2 + 8 <= h2; d2 += 8) {
+                v8 r[8], c[8];
+                for (int i = 0; i < 8; i++) memcpy(&r[i], kr[i] + 2 * d2, 32);
+                transpose8(r, c); /* bits moved, not computed on */
+                for (int i = 0; i < 8; i++) ST(kt2 + (d2 + i) * lp + j0, c[i]);
+            }
+            for (; d2 < h2; d2++)
+                for (int i = 0; i < 8; i++) kt2[d2 * lp + j0 + i] = ld32(kr[i] + 2 * d2);
+        }
+        for (int64_t j2 = 0; j2 < (L + 1) / 2; j2++) { /* values interleaved by pairs of keys */
+            const uint16_t *a = v + (k0 + 2 * j2) * v_stride + col;
+            const uint16_t *b = 2 * j2 + 1 < L ? a + v_stride : NULL;
+            for (int64_t d = 0; d < hs; d += 8) {
+                const __m128i x = _mm_loadu_si128((const __m128i *)(a + d));
+                const __m128i y = b ? _mm_loadu_si128((const __m128i *)(b + d)) : _mm_setzero_si128();
+                _mm_storeu_si128((__m128i *)(vv2 + j2 * hs + d), _mm_unpacklo_epi16(x, y));
+                _mm_storeu_si128((__m128i *)(vv2 + j2 * hs + d + 4), _mm_unpackhi_epi16(x, y));
+            }
+        }
+        attend_bf16(kt2, vv2, q + q0 * q_stride + col, q_stride, scale, ctx, s, pb, L, lp, hs, nq);
+        for (int64_t i = 0; i < nq; i++)
+            for (int64_t d = 0; d < hs; d += 8)
+                store8(1, out, (q0 + i) * o_stride + col + d, LD(ctx + i * hs + d) * BC(w));
+    }
+}
+#endif
+
+/* -1 until asked: then whether this CPU runs attend_bf16; qtrel_bf16_dot(0) turns it off (the A/Bs). */
+static int bf16_dot = -1;
+
+int qtrel_bf16_dot(int want) {
+#ifdef BF16_DOT
+    __builtin_cpu_init();
+    const int can = __builtin_cpu_supports("avx512bf16") && __builtin_cpu_supports("avx512vl") &&
+                    __builtin_cpu_supports("avx512bw");
+#else
+    const int can = 0;
+#endif
+    if (want >= 0 || bf16_dot < 0) bf16_dot = can && want != 0;
+    return bf16_dot;
+}
+
 /* Several threads: the OpenMP runtime the process already has (torch's), handed over by the caller
  * (qtrel_use_openmp), so the kernel runs on the team that runs torch's kernels, warm and never
  * oversubscribed; a team of our own, started per call, cost more than it saved (docs/benchmarks.md). */
@@ -259,6 +451,14 @@ typedef struct {
 } job_t;
 
 static void run_part(job_t *j, int t) {
+#ifdef BF16_DOT
+    if (j->dtype == 1 && bf16_dot == 1) {
+        run_bf16(j->q, j->q_stride, j->k, j->k_stride, j->v, j->v_stride, j->out, j->o_stride, j->qstart, j->qlen,
+                 j->kstart, j->klen, j->bound[t], j->bound[t + 1], j->nh, j->hs, j->scale, j->head_mask,
+                 j->buf + t * j->per, j->maxk, j->maxq);
+        return;
+    }
+#endif
     run(j->dtype, j->q, j->q_stride, j->k, j->k_stride, j->v, j->v_stride, j->out, j->o_stride, j->qstart, j->qlen,
         j->kstart, j->klen, j->bound[t], j->bound[t + 1], j->nh, j->hs, j->scale, j->head_mask, j->buf + t * j->per,
         j->maxk, j->maxq);
@@ -286,6 +486,7 @@ int qtrel_packed_attention(int dtype, const void *q, int64_t q_stride, const voi
         work += klen[p] * (qlen[p] + 1); /* scores and context, plus the keys' transpose */
     }
     if (maxk == 0 || maxq == 0) return 0;
+    if (bf16_dot < 0) qtrel_bf16_dot(-1);
     const int64_t units = npairs * nh;
     work *= nh;
     if (!gomp_parallel || threads > MAX_THREADS) threads = threads > MAX_THREADS ? MAX_THREADS : 1;
@@ -294,6 +495,7 @@ int qtrel_packed_attention(int dtype, const void *q, int64_t q_stride, const voi
     const int64_t maxlp = (maxk + 15) / 16 * 16;
     job_t j = {dtype, q, k, v, out, q_stride, k_stride, v_stride, o_stride, nh, hs, maxk, maxq,
                hs * maxlp + maxk * hs + 2 * maxq * hs + QB * maxlp, qstart, qlen, kstart, klen, scale, head_mask};
+    /* per thread: the float32 path's scratch, which also holds run_bf16's (kt2 and pb fit in its hs x lp) */
     j.buf = malloc(sizeof(float) * (size_t)(j.per * threads));
     if (!j.buf) return -1;
     j.parts = threads;

@@ -66,11 +66,10 @@ class Embeddings(nn.Module):
         return self.norm(self.word(p.ids) + self.token_type(p.segments) + self.position(p.positions))
 
 
-# The fused kernel attends the pairs of at most this many tokens; longer ones attend per group. On a Zen 3
-# (float32, one layer's attention, 1 thread) it ran 1.09x the per-group flash kernel at 64 tokens, 1.02x at
-# 128, 0.93x at 256 and 0.81x at 512 (bfloat16: 1.71x, 1.37x, 0.96x, 1.15x): torch's kernel blocks long rows
-# for the cache. On a Zen 4 in native bfloat16, the whole forward: 1.05x the best per-group kernel at 128,
-# 0.99x at 192, 0.91x at 512 (bench/long_pairs.py).
+# In float32 arithmetic the fused kernel attends the pairs of at most this many tokens, longer ones per group
+# (model.kernels.fused_max_tokens: its AVX512-BF16 path takes every pair where there is no AMX). On a Zen 3
+# (float32, one layer's attention) it ran 1.09x torch's flash kernel at 64 tokens, 0.93x at 256, 0.81x at 512:
+# that kernel blocks long rows for the cache. On a Zen 4 the whole forward: 0.91x at 512 (bench/long_pairs.py).
 FUSED_MAX_TOKENS = 192
 # `math_attention` only on blocks of fewer keys: from 64 on, torch's flash kernel ran the whole bfloat16 forward
 # 1.2-1.3x faster (2.2x at 512 tokens), below it 0.91-0.93x (AMD EPYC Zen 4, 1 and 2 threads; docs/benchmarks.md)
@@ -109,6 +108,7 @@ class SelfAttention(nn.Module):
         # pair's rows in place) or a per-group one, `grouped`: "sdpa" (torch's) or "math"
         self.kernel = "sdpa"
         self.grouped = "sdpa"  # also where "fused" cannot run (several threads, autograd)
+        self.fused_max = FUSED_MAX_TOKENS  # longer pairs attend per group (model.kernels sets it per path)
 
     def _attend(self, q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None) -> Tensor:
         if self.grouped == "math" and k.shape[-2] <= MATH_MAX_TOKENS:
@@ -178,13 +178,13 @@ class SelfAttention(nn.Module):
     def context_packed(self, qkv: Tensor, p: Packing, head_mask: Tensor | None) -> Tensor:
         """qkv: (N, 3 * nh * hs) packed projections -> (N, nh * hs) context rows, before the output layer: the
         part the attention kernels differ in (model.kernels.attention_probe times it). Per group, on a
-        (b, nh, t, hs) block, unless the fused kernel runs; that one leaves pairs over FUSED_MAX_TOKENS to the
+        (b, nh, t, hs) block, unless the fused kernel runs; that one leaves pairs over `fused_max` tokens to the
         groups (the first pairs: longest first)."""
         nh, hs = len(self.heads), self.head_size
         if not self._fused():
             parts = self._grouped(qkv, p.groups, head_mask) + ([qkv.new_zeros(p.spare, nh * hs)] if p.spare else [])
             return torch.cat(parts) if len(parts) > 1 else parts[0]
-        w, n = nh * hs, p.longer_than(FUSED_MAX_TOKENS)
+        w, n = nh * hs, p.longer_than(self.fused_max)
         # filler rows (p.spare) are no pair's: zeroed, as the grouped path leaves them
         ctx = qkv.new_zeros(len(qkv), w) if p.spare else qkv.new_empty(len(qkv), w)
         if n < len(p.lengths):
@@ -215,7 +215,7 @@ class SelfAttention(nn.Module):
         nh, hs = len(self.heads), self.head_size
         q, kv = self._cls_projections(x, x.index_select(0, rows))
         w, b = nh * hs, len(p.lengths)
-        n = p.longer_than(FUSED_MAX_TOKENS) if self._fused() else b
+        n = p.longer_than(self.fused_max) if self._fused() else b
         ctx = q.new_zeros(len(q), w)  # rows past the pairs' (bucket filler) stay zero
         if n < b:  # pair i's one query: row i of q
             cls = p.memo(

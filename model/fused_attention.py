@@ -21,7 +21,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-__all__ = ["Rows", "available", "bind", "packed_attention", "parallel", "supports"]
+__all__ = ["Rows", "available", "bf16_dot", "bind", "packed_attention", "parallel", "supports"]
 
 _DTYPES = {torch.float32: 0, torch.bfloat16: 1}
 _HERE = Path(__file__).parent
@@ -50,6 +50,8 @@ def bind(path: str | Path, openmp: bool = True) -> ctypes.CDLL:
     p, i = ctypes.c_void_p, ctypes.c_int64
     f.argtypes = [ctypes.c_int, p, i, p, i, p, i, p, i, p, p, p, p, i, i, i, ctypes.c_float, p, ctypes.c_int]
     f.restype = ctypes.c_int
+    lib.qtrel_bf16_dot.argtypes = [ctypes.c_int]
+    lib.qtrel_bf16_dot.restype = ctypes.c_int
     lib.qtrel_use_openmp.argtypes = [p, p, p]
     lib.qtrel_use_openmp.restype = None
     if openmp and (omp := _openmp()):
@@ -81,6 +83,14 @@ def _openmp() -> ctypes.CDLL | None:
             continue
     lib = ctypes.CDLL(None)  # linked into the process (torch built against a system runtime)
     return lib if all(hasattr(lib, n) for n in _OPENMP) else None
+
+
+def bf16_dot(use: bool | None = None) -> bool:
+    """Whether bfloat16 input runs the AVX512-BF16 path (`vdpbf16ps`: two bf16 products per float32 lane, the
+    softmax weights rounded to bf16 as torch's bf16 kernels do) rather than float32 arithmetic; on by itself
+    where the CPU has the instructions. `use`: turn it on (where it can run) or off, for the A/Bs and tests."""
+    lib, _ = _library()
+    return lib is not None and bool(lib.qtrel_bf16_dot(-1 if use is None else int(use)))
 
 
 def parallel() -> bool:

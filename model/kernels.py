@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from model import fused_attention
-from model.bert import BertForRelevance, Layer
+from model.bert import FUSED_MAX_TOKENS, BertForRelevance, Layer
 from model.device import cpu_flags, cpu_runs_bf16_natively
 from model.onednn import OneDNNLinear, onednn_available, probe
 from model.packing import pack, token_buckets
@@ -23,6 +23,7 @@ __all__ = [
     "OneDNNLinear",
     "attention_probe",
     "choose_attention",
+    "fused_max_tokens",
     "fused_unavailable",
     "install_cpu_kernels",
     "math_attention_pays",
@@ -64,10 +65,21 @@ def set_attention(module: nn.Module, kind: str) -> str:
     if kind == "fused" and (why := fused_unavailable(module, _dtype_of(module))):
         raise ValueError(f"the fused attention kernel is not available: {why}")
     grouped = per_group_attention(_dtype_of(module)) if kind == "fused" else kind
+    longest = fused_max_tokens(_dtype_of(module))
     for layer in module.modules():
         if isinstance(layer, Layer):
-            layer.attn.kernel, layer.attn.grouped = kind, grouped
+            layer.attn.kernel, layer.attn.grouped, layer.attn.fused_max = kind, grouped, longest
     return kind
+
+
+def fused_max_tokens(dtype: torch.dtype) -> int:
+    """The longest pair the fused kernel attends (longer ones go per group). Its AVX512-BF16 path ran the whole
+    forward faster than torch's kernels at every length measured, up to 512 tokens, at 1 and 2 threads (Zen 4:
+    1.07x flash at 512), so it takes every pair on such CPUs; with AMX, where torch's kernels run on tiles and
+    were never measured against it, and in float32 arithmetic, pairs up to model.bert.FUSED_MAX_TOKENS."""
+    if dtype == torch.bfloat16 and fused_attention.bf16_dot() and "amx_bf16" not in cpu_flags():
+        return 2**62
+    return FUSED_MAX_TOKENS
 
 
 def _dtype_of(module: nn.Module) -> torch.dtype:

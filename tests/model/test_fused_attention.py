@@ -83,13 +83,37 @@ def check(lengths, nh, hs, dtype, lib=None, cls_only=False, mask=None, monkeypat
     return out
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["float32", "bfloat16"])
-@pytest.mark.parametrize("lengths, nh, hs", CASES)
+@pytest.fixture(params=["float32", "bfloat16", "bfloat16-dot"])
+def dtype(request):
+    """float32; bfloat16 in float32 arithmetic; bfloat16 on AVX512-BF16's dot products (where the CPU has them)."""
+    if request.param == "float32":
+        yield torch.float32
+        return
+    dot = request.param == "bfloat16-dot"
+    if dot and not fa.bf16_dot(True):
+        pytest.skip("no AVX512-BF16 on this CPU")
+    was = fa.bf16_dot(dot)
+    assert was == dot
+    try:
+        yield torch.bfloat16
+    finally:
+        fa.bf16_dot(True)  # back to the default: on where the CPU can
+
+
+@pytest.mark.parametrize("lengths, nh, hs", CASES + [([1, 2, 3, 5, 63, 64, 65], 2, 16)])
 def test_matches_reference(lengths, nh, hs, dtype):
     check(lengths, nh, hs, dtype)
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["float32", "bfloat16"])
+def test_bf16_dot_on_where_the_cpu_has_it():
+    """The AVX512-BF16 path is the default exactly where the CPU has the instructions, and can be turned off."""
+    assert fa.bf16_dot() == ({"avx512_bf16", "avx512vl", "avx512bw"} <= cpu_flags())
+    try:
+        assert fa.bf16_dot(False) is False
+    finally:
+        fa.bf16_dot(True)
+
+
 def test_cls_rows_and_head_mask(dtype):
     """One query per pair (the [CLS]-only last layer) and a head mask that silences one head and halves
     another, as the head-analysis routes send."""
@@ -98,7 +122,6 @@ def test_cls_rows_and_head_mask(dtype):
     check([9, 31, 4, 17], 4, 32, dtype, mask=mask)
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["float32", "bfloat16"])
 def test_threads_split_the_work_bit_for_bit(dtype):
     """On several of torch's OpenMP threads the (pair, head) units are split by work; each is computed as on
     one thread, so every thread count gives the same bits, more threads than units included."""
@@ -145,7 +168,9 @@ def test_every_isa_build_matches_reference(name, march, tmp_path, monkeypatch):
     flags = ["-O3", "-shared", "-fPIC", "-Wno-psabi", f"-march={march}", "-DQTREL_NO_CLONES"]
     subprocess.run(["cc", *flags, "-o", str(so), str(src)], check=True)
     lib = fa.bind(so)
-    for dtype in (torch.float32, torch.bfloat16):
+    dots = [0, 1] if lib.qtrel_bf16_dot(1) else [0]
+    for dtype, dot in [(torch.float32, 0)] + [(torch.bfloat16, d) for d in dots]:
+        lib.qtrel_bf16_dot(dot)
         check([33, 20, 14, 14, 40], 12, 32, dtype, lib=lib, monkeypatch=monkeypatch)
         check([24, 11, 1], 2, 40, dtype, lib=lib, monkeypatch=monkeypatch)
         check([9, 31, 4, 17], 4, 32, dtype, lib=lib, cls_only=True, mask=torch.tensor([1.0, 0.0, 0.5, 1.0]),
@@ -185,18 +210,20 @@ def test_refuses_what_it_cannot_compute():
 
 
 @pytest.mark.parametrize("bad", [float("nan"), float("inf")])
-def test_non_finite_inputs_as_torch(bad):
+def test_non_finite_inputs_as_torch(bad, dtype):
     """A NaN or infinite key gives what torch's softmax gives (NaN where a score is NaN or +inf, a zero weight
     where it is -inf), not a finite answer built on it; the other pair is unaffected."""
     st, ln = np.array([0, 4]), np.array([4, 3])
     x = torch.randn(7, 3 * 32, generator=torch.Generator().manual_seed(5))
     x[1, 32] = bad  # a key of pair 0
+    x = x.to(dtype)
     q, k, v = x[:, :32], x[:, 32:64], x[:, 64:]
-    out = fa.packed_attention(q, k, v, torch.empty(7, 32), fa.Rows(st, ln, st, ln), 1, 32)
-    want = reference(q, k, v, st, ln, st, ln, 1, 32)
+    out = fa.packed_attention(q, k, v, torch.empty(7, 32, dtype=dtype), fa.Rows(st, ln, st, ln), 1, 32)
+    want = reference(q.float(), k.float(), v.float(), st, ln, st, ln, 1, 32)
     assert torch.isnan(out[:4]).any()
+    tol = 1e-5 if dtype == torch.float32 else 2e-2
     for r in range(7):
-        torch.testing.assert_close(out[r].double(), want[r], atol=1e-5, rtol=1e-5, equal_nan=True)
+        torch.testing.assert_close(out[r].double(), want[r], atol=tol, rtol=tol, equal_nan=True)
 
 
 def test_releases_the_gil():
@@ -267,7 +294,7 @@ def test_model_kernels_agree(tiny_checkpoint, unpacked, encoded, dtype, atol, mo
 
 
 def test_long_pairs_go_to_the_per_group_kernel(tiny_checkpoint, unpacked, encoded, monkeypatch):
-    """The pairs over FUSED_MAX_TOKENS (where torch's kernel measured faster) attend per group and the rest of
+    """The pairs over a layer's `fused_max` (where torch's kernel measured faster) attend per group and the rest of
     their batch stays fused, in every layer, the last one ([CLS] only) included: the reference's logits
     whatever the split, with and without a head mask."""
     import model.bert as bert
@@ -283,7 +310,8 @@ def test_long_pairs_go_to_the_per_group_kernel(tiny_checkpoint, unpacked, encode
     real_fused, real_attend = bert.packed_attention, bert.SelfAttention._attend
     for limit in (lengths[-1], lengths[-2], lengths[len(lengths) // 2], lengths[0] - 1):
         long = sum(n > limit for n in lengths)
-        monkeypatch.setattr(bert, "FUSED_MAX_TOKENS", limit)
+        for layer in m.module.bert.blocks:
+            monkeypatch.setattr(layer.attn, "fused_max", limit)
         monkeypatch.setattr(bert, "packed_attention", lambda *a, **k: fused_pairs.append(a[4].n) or real_fused(*a, **k))
         monkeypatch.setattr(
             bert.SelfAttention, "_attend", lambda s, q, *a: grouped_pairs.append(q.shape[0]) or real_attend(s, q, *a)
@@ -317,6 +345,31 @@ def count_calls(monkeypatch) -> list[int]:
     monkeypatch.setattr(bert, "packed_attention", counted)
     monkeypatch.setattr(bert.BertEncoder, "forward_packed", forward)
     return calls
+
+
+def test_fused_max_tokens_per_path(tiny_checkpoint, monkeypatch):
+    """Every pair fused where the AVX512-BF16 path runs bfloat16 without AMX (it measured faster than torch's
+    kernels at every length); with AMX, with that path off and in float32, pairs up to FUSED_MAX_TOKENS; each
+    layer gets the bound of its model's precision when the kernel is set."""
+    import model.bert as bert
+
+    everything = 2**62
+    for flags, dot, dtype, want in (
+        ({"avx512_bf16"}, True, torch.bfloat16, everything),
+        ({"avx512_bf16", "amx_bf16"}, True, torch.bfloat16, bert.FUSED_MAX_TOKENS),
+        ({"avx512_bf16"}, False, torch.bfloat16, bert.FUSED_MAX_TOKENS),
+        ({"avx512_bf16"}, True, torch.float32, bert.FUSED_MAX_TOKENS),
+    ):
+        monkeypatch.setattr(kernel_layer, "cpu_flags", lambda f=flags: frozenset(f))
+        monkeypatch.setattr(kernel_layer.fused_attention, "bf16_dot", lambda d=dot: d)
+        assert kernel_layer.fused_max_tokens(dtype) == want
+    m = RelevanceModel.load(tiny_checkpoint, dtype="bfloat16")
+    m.use_attention("fused")
+    assert {layer.attn.fused_max for layer in m.module.bert.blocks} == {everything}
+    monkeypatch.undo()
+    m = RelevanceModel.load(tiny_checkpoint, dtype="float32")
+    m.use_attention("fused")
+    assert {layer.attn.fused_max for layer in m.module.bert.blocks} == {bert.FUSED_MAX_TOKENS}
 
 
 def test_pruned_layers(monkeypatch):
