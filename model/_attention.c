@@ -96,6 +96,30 @@ INLINE void transpose8(const v8 r[8], v8 c[8]) {
     }
 }
 
+/* A row of lp scores, L of them real: each replaced by exp(score - max), the rest by ~1e-38 (never read as
+ * weights); returns 1 / their sum, or NaN where a score is NaN or infinite, as torch's softmax gives. */
+INLINE float softmax_row(float *sr, int64_t L, int64_t lp) {
+    for (int64_t j = L; j < lp; j++) sr[j] = -INFINITY;
+    v8 m = BC(-INFINITY);
+    v8i nan = {0};
+    for (int64_t j = 0; j < lp; j += 8) {
+        const v8 x = LD(sr + j);
+        m = vmax(m, x);
+        nan |= x != x;
+    }
+    float mx = m[0];
+    int bad = 0;
+    for (int i = 0; i < 8; i++) mx = m[i] > mx ? m[i] : mx, bad |= nan[i];
+    v8 sum = {0};
+    for (int64_t j = 0; j < lp; j += 8) {
+        const v8 e = vexp_nonpos(LD(sr + j) - BC(mx));
+        ST(sr + j, e);
+        sum += e;
+    }
+    if (bad || !(mx <= 3.4e38f)) return NAN;
+    return 1.0f / (sum[0] + sum[1] + sum[2] + sum[3] + sum[4] + sum[5] + sum[6] + sum[7]);
+}
+
 /* One (pair, head). kt: hs x lp, the keys transposed (columns past L hold copies of real keys, never used);
  * vv: L rows of hs, vs apart; qq: nq rows of hs, already scaled; s: QB x lp scratch; ctx: nq rows of hs.
  * hs is a multiple of 8. */
@@ -125,25 +149,7 @@ INLINE void attend(const float *restrict kt, const float *restrict vv, int64_t v
         float inv[QB];
         for (int64_t r = 0; r < nb; r++) { /* softmax over the pair's L keys, normalised at the end */
             float *sr = s + r * lp;
-            for (int64_t j = L; j < lp; j++) sr[j] = -INFINITY; /* no key: exp gives ~1e-38, never read */
-            v8 m = BC(-INFINITY);
-            v8i nan = {0};
-            for (int64_t j = 0; j < lp; j += 8) {
-                const v8 x = LD(sr + j);
-                m = vmax(m, x);
-                nan |= x != x;
-            }
-            float mx = m[0];
-            int bad = 0;
-            for (int i = 0; i < 8; i++) mx = m[i] > mx ? m[i] : mx, bad |= nan[i];
-            v8 sum = {0};
-            for (int64_t j = 0; j < lp; j += 8) {
-                const v8 e = vexp_nonpos(LD(sr + j) - BC(mx));
-                ST(sr + j, e);
-                sum += e;
-            }
-            inv[r] = 1.0f / (sum[0] + sum[1] + sum[2] + sum[3] + sum[4] + sum[5] + sum[6] + sum[7]);
-            if (bad || !(mx <= 3.4e38f)) inv[r] = NAN; /* a NaN or infinite score: NaN, as torch gives */
+            inv[r] = softmax_row(sr, L, lp);
         }
         for (int64_t r = 0; r < nb; r += 2) { /* context: 2 rows x 32 columns of the head at a time */
             const float *p0 = s + r * lp, *p1 = s + (r + 1 < nb ? r + 1 : r) * lp;
@@ -285,25 +291,7 @@ BF16_TARGET static void attend_bf16(const uint32_t *restrict kt2, const uint32_t
         float inv[QB];
         for (int64_t r = 0; r < nb; r++) { /* softmax as the float32 path's, then the weights to bf16 */
             float *sr = s + r * lp;
-            for (int64_t j = L; j < lp; j++) sr[j] = -INFINITY;
-            v8 m = BC(-INFINITY);
-            v8i nan = {0};
-            for (int64_t j = 0; j < lp; j += 8) {
-                const v8 x = LD(sr + j);
-                m = vmax(m, x);
-                nan |= x != x;
-            }
-            float mx = m[0];
-            int bad = 0;
-            for (int i = 0; i < 8; i++) mx = m[i] > mx ? m[i] : mx, bad |= nan[i];
-            v8 sum = {0};
-            for (int64_t j = 0; j < lp; j += 8) {
-                const v8 e = vexp_nonpos(LD(sr + j) - BC(mx));
-                ST(sr + j, e);
-                sum += e;
-            }
-            inv[r] = 1.0f / (sum[0] + sum[1] + sum[2] + sum[3] + sum[4] + sum[5] + sum[6] + sum[7]);
-            if (bad || !(mx <= 3.4e38f)) inv[r] = NAN;
+            inv[r] = softmax_row(sr, L, lp);
             for (int64_t j = 0; j < lp; j += 16) {
                 const __m256bh w = _mm256_cvtne2ps_pbh(_mm256_loadu_ps(sr + j + 8), _mm256_loadu_ps(sr + j));
                 _mm256_storeu_si256((__m256i *)(pb + r * lp + j), (__m256i)w);
