@@ -75,28 +75,34 @@ async def score_watched(
     **kw,
 ) -> Scored | Windowed:
     """Score (each long title in at most `max_chunks` windows, when given), dropping the work the moment the
-    client disconnects: its queued pairs never reach the model. A client already gone costs no tokenisation."""
+    client disconnects: its queued pairs never reach the model. A client already gone costs no tokenisation.
+    The hang-up cancels this very task (no second task, no `asyncio.wait`: ~15 us a request less)."""
     check_limits(settings, queries, titles)
     gone = asyncio.ensure_future(disconnected(request))
     await asyncio.sleep(0)  # let it see a hang-up that came with the body
-    task: asyncio.Future[Any] | None = None  # of a Scored, or a Windowed with max_chunks
-    if gone.done():
-        task = None
-    elif max_chunks is None:
-        task = asyncio.ensure_future(engine.score(queries, titles, timeout_ms=timeout_ms, **kw))
-    else:
-        task = asyncio.ensure_future(
-            engine.score_windows(queries, titles, max_chunks, chunk_overlap, timeout_ms=timeout_ms, **kw)
-        )
-    try:
-        if task is not None:
-            await asyncio.wait({task, gone}, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        gone.cancel()
-    if task is not None and task.done():
-        return task.result()
-    if task is not None:
-        task.cancel()
+    if not gone.done():
+        me = asyncio.current_task()
+        assert me is not None
+        watching, hung_up = True, False
+
+        def hang_up(f: asyncio.Future) -> None:
+            nonlocal hung_up
+            if watching and not f.cancelled():  # a callback already queued when the scoring ended does nothing
+                hung_up = True
+                me.cancel()
+
+        gone.add_done_callback(hang_up)
+        try:
+            if max_chunks is None:
+                return await engine.score(queries, titles, timeout_ms=timeout_ms, **kw)
+            return await engine.score_windows(queries, titles, max_chunks, chunk_overlap, timeout_ms=timeout_ms, **kw)
+        except asyncio.CancelledError:
+            if not hung_up:
+                raise
+            me.uncancel()  # our own cancellation: it ends as the client-closed error below
+        finally:
+            watching = False
+            gone.cancel()
     metrics.rejected.labels("disconnected").inc()
     raise ServiceError(ErrorKind.CLIENT_CLOSED, "client closed the connection")
 

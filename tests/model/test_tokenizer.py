@@ -267,3 +267,70 @@ def test_unknown_truncation(tok):
 def test_empty_batch(tok):
     enc = tok.encode([], [])
     assert len(enc) == 0 and enc.lengths == []
+
+
+# --- the printable-ASCII fast path (AsciiWordPiece) against the tokenizers library ------------------------
+def library_ids(lib: Tokenizer, texts: list[str]) -> list[list[int]]:
+    lib.no_truncation()
+    return [lib.encode(t, add_special_tokens=False).ids for t in texts]
+
+
+def random_texts(rng: random.Random, n: int) -> list[str]:
+    """Printable ASCII with runs of letters, digits and punctuation, white space of every kind, and now and
+    then a control character, an added token, a word over WordPiece's 100 characters or a non-ASCII one."""
+    alphabet = "abcXYZ019 .,-/\"'()[]{}#&*+:;<=>?@\\^_`|~!$%\t\n\r  "
+    extra = ["\x07", "\x0b", "\x0c", "\x1c", "\x7f", "[CLS]", "[SEP]", "[mask]", "[UNK]", "é", "ß", "日", "\u200b"]
+    out = []
+    for _ in range(n):
+        parts = ["".join(rng.choices(alphabet, k=rng.randint(1, 12))) for _ in range(rng.randint(1, 8))]
+        if rng.random() < 0.2:
+            parts.insert(rng.randrange(len(parts) + 1), rng.choice(extra))
+        if rng.random() < 0.05:
+            parts.append("q" * rng.randint(95, 130))
+        out.append(rng.choice(["", " "]).join(parts))
+    return out
+
+
+def test_ascii_fast_path_equals_the_library(tok, library_tokenizer):
+    pairs = read_pairs(3000)
+    texts = [p[0] for p in pairs] + [p[1] for p in pairs] + TRICKY + random_texts(random.Random(2), 3000)
+    fast = tok._ascii
+    assert fast is not None
+    taken = sum(fast.encode(t) is not None for t in texts)
+    assert taken > 0.9 * len(texts)  # the path is really taken, not silently off
+    assert tok.encode_texts(texts) == library_ids(library_tokenizer, texts)
+    # one text at a time (the one-pair path) and again from the cache of word pieces
+    assert [tok.encode_texts([t])[0] for t in texts[-500:]] == library_ids(library_tokenizer, texts[-500:])
+
+
+def test_ascii_fast_path_leaves_added_tokens_and_other_text_to_the_library(tok):
+    fast = tok._ascii
+    for text in ["a [CLS] b", "[SEP]", "café", "tab\x07bell", "zero\u200bwidth"]:
+        assert fast.encode(text) is None, text
+    assert fast.encode("[cls] is not an added token") is not None  # added tokens match case-sensitively
+
+
+def test_ascii_fast_path_cased(tmp_path, library_tokenizer):
+    shutil.copy(minilm_dir() / "vocab.txt", tmp_path / "vocab.txt")
+    (tmp_path / "tokenizer_config.json").write_text('{"do_lower_case": false}')
+    cased = PairTokenizer.from_dir(tmp_path)
+    texts = random_texts(random.Random(3), 1000) + ["Drill drill DRILL"]
+    assert cased._ascii is not None and cased.encode_texts(texts) == library_ids(cased._tok, texts)
+
+
+def test_ascii_fast_path_only_for_berts_tokenizer(tok):
+    from tokenizers import pre_tokenizers as pre
+
+    lib = Tokenizer.from_str(tok._tok.to_str())
+    lib.pre_tokenizer = pre.Whitespace()  # not BERT's: "a-b" stays one word... and the path steps aside
+    other = PairTokenizer(lib)
+    assert other._ascii is None
+    assert other.encode_texts(["drill-bit set"]) == library_ids(lib, ["drill-bit set"])
+
+
+def test_ascii_fast_path_keeps_a_bounded_number_of_words(tok, monkeypatch):
+    fresh = PairTokenizer(Tokenizer.from_str(tok._tok.to_str()))
+    monkeypatch.setattr(type(fresh._ascii), "MAX_WORDS", 10)
+    texts = [f"word{i} other{i}" for i in range(40)]
+    assert fresh.encode_texts(texts) == tok.encode_texts(texts)
+    assert len(fresh._ascii._pieces) == 10
