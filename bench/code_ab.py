@@ -1,0 +1,119 @@
+"""Two versions of qtrel's code served on the same model under the same load, in interleaved rounds: a git
+revision (`--base`, checked out into a temporary worktree) against the working tree. For changes to the HTTP
+process or the runtime, whose effect is a few percent: single runs on this shared machine drift by ±10%.
+
+Each round starts each version's `qtrel serve` in turn (default layout, score cache off, the order alternating
+per round), drives it with 64 closed-loop one-pair aiohttp clients over distinct dev pairs, and takes pairs/s,
+p50/p99 and the CPU of the HTTP process, of the model processes below it and of this client, per pair. The
+result is the median of the per-round ratios, working tree ÷ base.
+
+    python bench/code_ab.py --base HEAD~1 [--rounds 6] [--seconds 12]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import shutil
+import statistics
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+from anchors import isa, isa_line
+from load import (
+    Http,
+    Server,
+    closed_loop,
+    free_port,
+    one_pair_bodies,
+    own_cpu_seconds,
+    qtrel_command,
+    read_dev,
+    tree,
+)
+from results import ROOT, machine, machine_lines
+
+from model.builtin import builtin_dir
+
+
+def split_cpu(root: int) -> tuple[float, float]:
+    """(the HTTP process's CPU seconds, those of every live process below it)."""
+    return own_cpu_seconds(root), sum(own_cpu_seconds(pid) for pid, _ in tree(root)[1:])
+
+
+async def window(base: str, root: int, bodies: list, clients: int, warmup: float, seconds: float) -> dict:
+    async with Http(clients) as http:
+        end = time.perf_counter() + warmup + seconds
+        task = asyncio.ensure_future(closed_loop(http, base + "/score", bodies, clients, end))
+        await asyncio.sleep(warmup)
+        t0, c0, me0 = time.perf_counter(), split_cpu(root), time.process_time()
+        records = await task
+        wall, c1, me1 = time.perf_counter() - t0, split_cpu(root), time.process_time()
+    lat = sorted(done - start for start, done, _, status in records if start >= t0 and status == 200)
+    n = len(lat)
+    return {
+        "pairs_per_s": n / wall,
+        "p50_ms": 1e3 * lat[n // 2],
+        "p99_ms": 1e3 * lat[min(n - 1, int(n * 0.99))],
+        "http_ms_per_pair": 1e3 * (c1[0] - c0[0]) / n,
+        "model_ms_per_pair": 1e3 * (c1[1] - c0[1]) / n,
+        "client_ms_per_pair": 1e3 * (me1 - me0) / n,
+    }
+
+
+def worktree(rev: str, into: Path) -> Path:
+    """`rev` checked out at `into`, with the working tree's built attention library (an untracked build)."""
+    subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", "-f", str(into), rev], check=True)
+    for lib in (ROOT / "model").glob("_attention*.so"):
+        shutil.copy(lib, into / "model" / lib.name)
+    return into
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--base", required=True, help="git revision to compare the working tree against")
+    p.add_argument("--model", default=str(builtin_dir("default")))
+    p.add_argument("--rounds", type=int, default=6)
+    p.add_argument("--seconds", type=float, default=12.0)
+    p.add_argument("--warmup", type=float, default=5.0)
+    p.add_argument("--clients", type=int, default=64)
+    p.add_argument("--pairs", type=int, default=7206)
+    a = p.parse_args()
+    bodies, _ = one_pair_bodies(read_dev(), a.pairs)
+    results: dict[str, list[dict]] = {"base": [], "tree": []}
+    with tempfile.TemporaryDirectory() as tmp:
+        base_dir = worktree(a.base, Path(tmp) / "base")
+        try:
+            # the base's packages first on the path; the working tree is the installed (editable) one
+            envs = {"base": {**os.environ, "PYTHONPATH": str(base_dir)}, "tree": dict(os.environ)}
+            for r in range(a.rounds):
+                for name in ("base", "tree") if r % 2 == 0 else ("tree", "base"):
+                    port = free_port()
+                    url = f"http://127.0.0.1:{port}"
+                    cmd = qtrel_command(Path(a.model), port)
+                    with Server(cmd, url, "/health/ready", Path(tmp) / f"{name}.log", 300, envs[name]) as s:
+                        m = asyncio.run(window(url, s.proc.pid, bodies, a.clients, a.warmup, a.seconds))
+                    results[name].append(m)
+                    print(name, r, {k: round(v, 3) for k, v in m.items()}, flush=True)
+        finally:
+            subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(base_dir)], check=False)
+    command = f"python bench/code_ab.py --base {a.base} --rounds {a.rounds} --seconds {a.seconds:g}"
+    print("\n".join([*machine_lines(machine(), command), f"- ISA: {isa_line(isa())}"]) + "\n")
+    print("| measure | base (median) | working tree (median) | tree ÷ base, median of rounds (range) |")
+    print("|---|---:|---:|---:|")
+    for key in results["base"][0]:
+        b = [m[key] for m in results["base"]]
+        t = [m[key] for m in results["tree"]]
+        ratios = [x / y for x, y in zip(t, b)]
+        print(
+            f"| {key} | {statistics.median(b):.3f} | {statistics.median(t):.3f} | "
+            f"{statistics.median(ratios):.3f} ({min(ratios):.3f}–{max(ratios):.3f}) |"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
