@@ -150,7 +150,7 @@ class PairTokenizer:
     def encode_texts(self, texts: Sequence[str]) -> list[list[int]]:
         """Word-piece ids of each text, without special tokens or truncation."""
         fast = self._ascii
-        out = [fast.encode(t) for t in texts] if fast is not None else [None] * len(texts)
+        out: list[list[int] | None] = [fast.encode(t) for t in texts] if fast is not None else [None] * len(texts)
         rest = [i for i, ids in enumerate(out) if ids is None]
         if len(rest) <= 4:  # skip the batch call's thread pool for the one-pair requests of a service
             for i in rest:
@@ -158,7 +158,7 @@ class PairTokenizer:
         else:
             for i, e in zip(rest, self._tok.encode_batch([texts[i] for i in rest], add_special_tokens=False)):
                 out[i] = e.ids
-        return out  # type: ignore[return-value]
+        return out  # type: ignore[return-value]  # every None was filled above
 
     def word_offsets(self, texts: Sequence[str]) -> list[tuple[list[tuple[int, int]], list[int | None]]]:
         """Per text, each word piece's character span in the original text and the index of its word
@@ -259,11 +259,12 @@ class AsciiWordPiece:
 
     MAX_WORDS = 50_000  # words whose pieces are kept (~8 MB); past it the rest are looked up each time
 
-    def __init__(self, tokenizer: Tokenizer, lowercase: bool, added: list[str]):
+    def __init__(self, tokenizer: Tokenizer, lowercase: bool, added: list[str], added_normalized: list[str]):
         self._model = tokenizer.model
         self._lower = lowercase
         self._words = re.compile(r"[0-9a-z]+|[^0-9a-z\s]" if lowercase else r"[0-9A-Za-z]+|[^0-9A-Za-z\s]")
-        self._added = tuple(added)
+        self._added = tuple(added)  # matched in the text as given
+        self._added_normalized = tuple(added_normalized)  # matched in the normalised (lower-cased) text
         self._pieces: dict[str, list[int]] = {}
 
     @classmethod
@@ -276,16 +277,21 @@ class AsciiWordPiece:
             return None
         if model.get("type") != "WordPiece":
             return None
-        added = [t["content"] for t in spec.get("added_tokens") or []]
-        return cls(tokenizer, bool(norm.get("lowercase")), added)
+        added = spec.get("added_tokens") or []
+        raw = [t["content"] for t in added if not t.get("normalized")]
+        normalized = [t["content"] for t in added if t.get("normalized")]
+        return cls(tokenizer, bool(norm.get("lowercase")), raw, normalized)
 
     def encode(self, text: str) -> list[int] | None:
         """The word-piece ids of `text`, or None where the text is not for this path."""
         if not _PLAIN.fullmatch(text) or any(a in text for a in self._added):
             return None
+        norm = text.lower() if self._lower else text
+        if any(a in norm for a in self._added_normalized):
+            return None
         ids: list[int] = []
         pieces = self._pieces
-        for w in self._words.findall(text.lower() if self._lower else text):
+        for w in self._words.findall(norm):
             got = pieces.get(w)
             if got is None:
                 got = [t.id for t in self._model.tokenize(w)]

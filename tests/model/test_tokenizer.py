@@ -334,3 +334,15 @@ def test_ascii_fast_path_keeps_a_bounded_number_of_words(tok, monkeypatch):
     texts = [f"word{i} other{i}" for i in range(40)]
     assert fresh.encode_texts(texts) == tok.encode_texts(texts)
     assert len(fresh._ascii._pieces) == 10
+
+
+def test_ascii_fast_path_with_a_normalised_added_token(tok):
+    lib = Tokenizer.from_str(tok._tok.to_str())
+    from tokenizers import AddedToken
+
+    lib.add_tokens([AddedToken("powerdrill", normalized=True)])  # matched after lower-casing: "PowerDrill" too
+    mine = PairTokenizer(lib)
+    texts = ["cordless PowerDrill kit", "power drill", "[CLS] x", "plain text"]
+    assert mine._ascii is not None and mine._ascii.encode(texts[0]) is None
+    assert mine.encode_texts(texts) == library_ids(lib, texts)
+    assert lib.token_to_id("powerdrill") in mine.encode_texts(texts[:1])[0]
