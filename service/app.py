@@ -22,6 +22,7 @@ from service.http.cohere import router as compat_router
 from service.http.deps import admin_off, require_admin_key, require_api_key
 from service.http.errors import as_service_error, error_response, response_for
 from service.http.explain import explain_routers
+from service.http.fast import FastLane, routes_of
 from service.http.routes import metrics_router, ops_router, router
 from service.http.tokenize import router as tokenize_router
 from service.logs import request_id
@@ -118,10 +119,11 @@ def on_loop(loop: asyncio.AbstractEventLoop, job: Callable[[], Awaitable[object]
 class EdgeMiddleware:
     """Request id, body-size limit, one log line and the request metrics per request (pure ASGI)."""
 
-    def __init__(self, app, metrics: Metrics, max_body_bytes: int):
+    def __init__(self, app, metrics: Metrics, max_body_bytes: int, lane: FastLane | None = None):
         self.app = app
         self.metrics = metrics
         self.max_body = max_body_bytes
+        self.lane = lane  # the scoring routes' valid requests, past FastAPI (service.http.fast)
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
@@ -151,11 +153,18 @@ class EdgeMiddleware:
                 return
             replay = receive
             if scope["method"] in ("POST", "PUT", "PATCH"):
-                replay = None if self._declared_too_big(headers) else await self._buffer_body(receive)
-            if replay is None:
-                resp = error_response(ErrorKind.TOO_LARGE, f"body is over {self.max_body} bytes")
-                await resp(scope, receive, send_wrapped)
-                return
+                first = None if self._declared_too_big(headers) else await self._buffer_body(receive)
+                if first is None:
+                    resp = error_response(ErrorKind.TOO_LARGE, f"body is over {self.max_body} bytes")
+                    await resp(scope, receive, send_wrapped)
+                    return
+                if (
+                    first["type"] == "http.request"
+                    and self.lane
+                    and await self.lane.serve(scope, first, receive, send_wrapped)
+                ):
+                    return
+                replay = replaying(first, receive)
             await self.app(scope, replay, send_wrapped)
         finally:
             dt = time.perf_counter() - t0
@@ -178,7 +187,8 @@ class EdgeMiddleware:
             return False  # a malformed length is the HTTP server's concern
 
     async def _buffer_body(self, receive):
-        """Read the body up to the limit (None beyond it); the app gets it from a replaying receive."""
+        """The body as one message, read up to the limit (None beyond it), or the disconnect that came
+        before its end."""
         chunks, size = [], 0
         first = None
         while True:
@@ -193,17 +203,21 @@ class EdgeMiddleware:
             chunks.append(chunk)
             if not msg.get("more_body", False):
                 break
-        first = first or {"type": "http.request", "body": b"".join(chunks), "more_body": False}
-        sent = False
+        return first or {"type": "http.request", "body": b"".join(chunks), "more_body": False}
 
-        async def replay():
-            nonlocal sent
-            if not sent:
-                sent = True
-                return first
-            return await receive()
 
-        return replay
+def replaying(first: dict, receive):
+    """A receive that hands the app `first`, then what the client sends next."""
+    sent = False
+
+    async def replay():
+        nonlocal sent
+        if not sent:
+            sent = True
+            return first
+        return await receive()
+
+    return replay
 
 
 def create_app(
@@ -249,6 +263,9 @@ def create_app(
     app.include_router(explain_page)  # static; its /explain calls carry the key
     openapi.install(app, settings)  # the schema states the limits of the effective settings
     lifecycle.reloaders.append(settings.keyring.reload)  # SIGHUP: the key file re-read
-    app.add_middleware(EdgeMiddleware, metrics=metrics, max_body_bytes=settings.max_body_bytes)
+    # A request's span comes from FastAPI's instrumentation: with tracing on, every request goes FastAPI's way.
+    lane = FastLane(routes_of(app), app.dependency_overrides) if settings.fast_lane and not tracing.enabled else None
+    app.state.fast_lane = lane
+    app.add_middleware(EdgeMiddleware, metrics=metrics, max_body_bytes=settings.max_body_bytes, lane=lane)
     tracing.instrument(app)  # a span per request, outside the edge middleware
     return app

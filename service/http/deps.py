@@ -53,11 +53,11 @@ async def use_cache(
 UseCacheDep = Annotated[bool, Depends(use_cache)]  # every scoring route takes it: the schema states the header
 
 
-_bearer = HTTPBearer(auto_error=False, description="an API key (settings api_keys, api_keys_file)")
+bearer = HTTPBearer(auto_error=False, description="an API key (settings api_keys, api_keys_file)")
 
 
 async def require_api_key(
-    request: Request, credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]
+    request: Request, credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)]
 ) -> None:
     """`Authorization: Bearer <key>` with one of the keys in force (the settings' keyring, whose key file is
     re-read when it changes); 401 otherwise. No keys: open. Each accepted request is counted under its key's
@@ -69,7 +69,7 @@ async def require_api_key(
 
 
 async def require_admin_key(
-    request: Request, credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]
+    request: Request, credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)]
 ) -> None:
     """The admin routes' key: one of the admin keys (settings admin_keys, admin_keys_file), or of the API
     keys when no admin key is set; 401 otherwise. With no key at all the routes take `admin_off`."""

@@ -89,6 +89,17 @@ def response_for(exc: ServiceError) -> JSONResponse:
     return error_response(exc.kind, exc.message, exc.retry_after)
 
 
+def response_to(exc: Exception) -> JSONResponse:
+    """What a route's exception answers: a ServiceError its own, a runtime error its kind's, anything else
+    a logged 500. The app's exception handlers and the scoring routes' fast lane (service.http.fast) use it."""
+    if isinstance(exc, ServiceError):
+        return response_for(exc)
+    if (mapped := as_service_error(exc)) is not None:
+        return response_for(mapped)
+    log.error("unhandled error", exc_info=exc)
+    return error_response(ErrorKind.BACKEND, f"internal error: {type(exc).__name__}")
+
+
 def _validation_message(exc: RequestValidationError) -> tuple[ErrorKind, str]:
     parts = []
     for e in exc.errors():
@@ -121,17 +132,12 @@ def install(app: FastAPI) -> None:
     # request's texts are taken out of every record (service.logs; a no-op after the first app).
     redact_private_texts()
 
-    @app.exception_handler(ServiceError)
-    async def _service(_: Request, exc: ServiceError):
-        return response_for(exc)
+    async def _mapped(_: Request, exc: Exception):
+        return response_to(exc)
 
-    async def _runtime(_: Request, exc: Exception):
-        mapped = as_service_error(exc)
-        assert mapped is not None  # registered for the runtime's errors only
-        return response_for(mapped)
-
-    for cls, _ in RUNTIME_ERRORS:
-        app.add_exception_handler(cls, _runtime)
+    mapped: list[type[Exception]] = [ServiceError, *(cls for cls, _ in RUNTIME_ERRORS), Exception]
+    for cls in mapped:
+        app.add_exception_handler(cls, _mapped)
 
     @app.exception_handler(RequestValidationError)
     async def _validation(request: Request, exc: RequestValidationError):
@@ -148,8 +154,3 @@ def install(app: FastAPI) -> None:
             400: ErrorKind.BAD_REQUEST,
         }.get(exc.status_code, ErrorKind.BAD_REQUEST)
         return error_response(kind, str(exc.detail))
-
-    @app.exception_handler(Exception)
-    async def _unexpected(_: Request, exc: Exception):
-        log.exception("unhandled error")
-        return error_response(ErrorKind.BACKEND, f"internal error: {type(exc).__name__}")

@@ -1,0 +1,204 @@
+"""The scoring routes' fast lane (service.http.fast): a plainly valid scoring request is served past FastAPI's
+per-request machinery, anything else goes FastAPI's way, and a client cannot tell which: every request
+below is sent to two real servers on the tiny checkpoint, one with the lane and one without, and must get
+the same status, body and headers; the lane's count says which requests it took."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import httpx
+import pytest
+from fastapi import Depends, FastAPI, Request
+
+from service.app import create_app
+from service.http import deps
+from service.http.fast import routes_of
+from service.http.schemas import ScoreRequest
+from service.settings import Settings
+from tests.service.conftest import live_server
+
+KEY = "lane-key-0123456789"
+LONG_TITLE = " ".join(["cordless drill with battery and charger kit"] * 40)
+JSON = {"content-type": "application/json"}
+
+
+def case(path, body=None, headers=None, raw=None, taken=True):
+    return pytest.param(path, body, headers or {}, raw, taken, id=f"{path}-{len(CASES)}")
+
+
+CASES: list = []
+for c in [
+    # valid: the lane serves them
+    ("/score", {"query": "cordless drill", "titles": ["DEWALT 20V drill", "garden hose"]}),
+    ("/score", {"pairs": [{"query": "drill", "title": "hammer"}], "return_probs": False, "top_n": 1}),
+    ("/score", {"query": "drill", "titles": [LONG_TITLE], "max_chunks": 3}),
+    ("/score", {"query": "drill", "titles": [LONG_TITLE], "truncation": "only_second"}),
+    ("/score", {"query": "drill", "titles": ["hammer"]}, {"cache-control": "no-cache"}),
+    ("/score", {"query": "drill", "titles": ["hammer"]}, {"x-request-timeout-ms": "30000"}),
+    ("/score", {"query": "drill", "titles": ["hammer"]}, {"content-type": "application/json; charset=utf-8"}),
+    ("/predict", {"inputs": ["cordless drill", "DEWALT drill"]}),
+    ("/predict", {"inputs": [["drill", "hammer"], ["saw", "circular saw"]], "raw_scores": True}),
+    ("/rerank", {"query": "drill", "texts": ["cordless drill", "hammer"], "return_text": True}),
+    ("/v1/rerank", {"query": "drill", "documents": ["cordless drill", "hammer"], "top_n": 1}),
+    ("/v2/rerank", {"query": "drill", "documents": [{"text": "cordless drill"}, "hammer"], "model": "qtrel"}),
+    # valid bodies the endpoint refuses: the lane answers with the one error map
+    ("/score", {"query": "drill", "titles": ["x" * 20_000]}),
+    ("/score", {"query": "drill", "titles": ["hammer"], "model": "no-such-model"}),
+    ("/predict", {"inputs": ["drill", LONG_TITLE], "truncate": False}),
+]:
+    CASES.append(case(*c))
+for c in [
+    # left to FastAPI: what it refuses or reads its own way
+    ("/score", None, {}, b'{"query": "drill", "titles": ["hammer"]}'),  # no content type
+    ("/score", None, {"content-type": "text/plain"}, b'{"query": "drill", "titles": ["hammer"]}'),
+    ("/score", None, JSON, b'{"query": "drill", "titles": ['),
+    ("/score", None, JSON, b""),
+    ("/score", None, JSON, b"[1, 2]"),
+    ("/score", {"query": "drill", "titles": 5}),
+    ("/score", {"query": "drill"}),
+    ("/v2/rerank", {"query": "drill", "documents": []}),
+    ("/score", {"query": "drill", "titles": ["hammer"]}, {"x-request-timeout-ms": "0"}),
+    ("/score", {"query": "drill", "titles": ["hammer"]}, {"x-request-timeout-ms": "soon"}),
+    ("/score", {"query": "drill", "titles": ["hammer"]}, {"x-request-timeout-ms": "5.0"}),  # FastAPI takes it
+    ("/score", {"query": "drill", "titles": ["hammer"]}, [("cache-control", "no-cache"), ("cache-control", "x")]),
+]:
+    path, body, headers, raw = c + (None,) * (4 - len(c))
+    CASES.append(case(path, body, headers, raw, taken=False))
+
+
+@pytest.fixture(scope="module")
+def pair(tiny_checkpoint):
+    with live_server(tiny_checkpoint, max_wait_ms=1, replicas=1) as on:
+        with live_server(tiny_checkpoint, max_wait_ms=1, replicas=1, fast_lane=False) as off:
+            assert on.app.state.fast_lane is not None and off.app.state.fast_lane is None
+            yield on, off
+
+
+def send(url: str, path: str, body, headers, raw) -> httpx.Response:
+    if raw is not None:
+        return httpx.post(url + path, content=raw, headers=headers, timeout=30)
+    return httpx.post(url + path, json=body, headers=headers, timeout=30)
+
+
+def same(a: httpx.Response, b: httpx.Response) -> None:
+    assert a.status_code == b.status_code, (a.text, b.text)
+    ja, jb = a.json(), b.json()
+    if isinstance(ja, dict) and "results" in ja:  # Cohere's answers carry a fresh id each
+        ja.pop("id", None), jb.pop("id", None)
+    assert ja == jb
+    for h in ("content-type", "retry-after", "www-authenticate"):
+        assert a.headers.get(h) == b.headers.get(h), h
+
+
+@pytest.mark.parametrize(("path", "body", "headers", "raw", "taken"), CASES)
+def test_with_the_lane_or_without_a_client_gets_the_same_answer(pair, path, body, headers, raw, taken):
+    on, off = pair
+    lane = on.app.state.fast_lane
+    before = lane.served
+    a = send(on.url, path, body, headers, raw)
+    b = send(off.url, path, body, headers, raw)
+    same(a, b)
+    assert lane.served - before == int(taken)
+    if taken and a.status_code == 200:
+        assert a.headers["x-request-id"]  # the edge middleware still wraps what the lane serves
+
+
+def test_the_lane_counts_requests_in_the_metrics_like_fastapi(pair):
+    on, _ = pair
+    before = on.metric("qtrel_requests_total", route="/score", status="200")
+    for _ in range(3):
+        assert send(on.url, "/score", {"query": "saw", "titles": ["saw"]}, {}, None).status_code == 200
+    assert on.metric("qtrel_requests_total", route="/score", status="200") - before == 3
+
+
+@pytest.fixture(scope="module")
+def keyed(tiny_checkpoint):
+    with live_server(tiny_checkpoint, max_wait_ms=1, replicas=1, api_keys=KEY) as on:
+        with live_server(tiny_checkpoint, max_wait_ms=1, replicas=1, api_keys=KEY, fast_lane=False) as off:
+            yield on, off
+
+
+@pytest.mark.parametrize(
+    "auth", [None, "Bearer wrong", f"Basic {KEY}", f"Bearer {KEY}", f"bearer {KEY}", "Bearer", "Bearer ключ".encode()]
+)
+def test_the_lane_asks_for_the_api_key_as_fastapi_does(keyed, auth):
+    on, off = keyed
+    headers = {} if auth is None else {"authorization": auth}
+    body = {"query": "drill", "titles": ["cordless drill"]}
+    before = on.app.state.fast_lane.served
+    same(send(on.url, "/score", body, headers, None), send(off.url, "/score", body, headers, None))
+    assert on.app.state.fast_lane.served - before == 1  # refused by the lane itself, with the key's 401
+    ok = on.metric("qtrel_requests_by_key_total")
+    assert ok == off.metric("qtrel_requests_by_key_total")
+
+
+def test_the_five_scoring_routes_are_in_the_lane_and_nothing_else():
+    assert set(routes_of(create_app(Settings()))) == {"/score", "/predict", "/rerank", "/v1/rerank", "/v2/rerank"}
+    keyed = routes_of(create_app(Settings(api_keys=KEY)))
+    assert all(r.keyed for r in keyed.values()) and len(keyed) == 5
+
+
+async def other_dependency() -> None:
+    pass
+
+
+def test_a_route_with_another_parameter_or_dependency_is_left_to_fastapi():
+    app = FastAPI()
+
+    async def exact(
+        body: ScoreRequest,
+        request: Request,
+        engine: deps.EngineDep,
+        settings: deps.SettingsDep,
+        metrics: deps.MetricsDep,
+        use_cache: deps.UseCacheDep,
+        timeout_ms: deps.TimeoutHeader = None,
+    ): ...
+
+    async def one_more(
+        body: ScoreRequest,
+        request: Request,
+        engine: deps.EngineDep,
+        settings: deps.SettingsDep,
+        metrics: deps.MetricsDep,
+        use_cache: deps.UseCacheDep,
+        extra: Annotated[None, Depends(other_dependency)],
+        timeout_ms: deps.TimeoutHeader = None,
+    ): ...
+
+    app.post("/exact")(exact)
+    app.post("/one-more")(one_more)
+    app.post("/guarded", dependencies=[Depends(other_dependency)])(exact)
+    app.put("/put")(exact)
+    assert set(routes_of(app)) == {"/exact"}
+
+
+def test_dependency_overrides_send_every_request_fastapis_way(tiny_checkpoint):
+    with live_server(tiny_checkpoint, max_wait_ms=1, replicas=1) as srv:
+        lane = srv.app.state.fast_lane
+        body = {"query": "drill", "titles": ["hammer"]}
+        assert send(srv.url, "/score", body, {}, None).status_code == 200 and lane.served == 1
+        srv.app.dependency_overrides[deps.use_cache] = lambda: False
+        assert send(srv.url, "/score", body, {}, None).status_code == 200 and lane.served == 1
+
+
+def test_tracing_or_the_setting_turns_the_lane_off():
+    from opentelemetry.sdk.trace import TracerProvider
+
+    from service.tracing import OtelTracing
+
+    assert create_app(Settings()).state.fast_lane is not None
+    assert create_app(Settings(fast_lane=False)).state.fast_lane is None
+    assert create_app(Settings(), tracing=OtelTracing(TracerProvider())).state.fast_lane is None
+
+
+def test_the_lane_reads_cache_control_as_the_route_does(pair):
+    on, _ = pair
+    body = {"query": "mitre saw", "titles": ["12 in. sliding compound mitre saw"]}
+    assert send(on.url, "/score", body, {}, None).status_code == 200
+    hits = on.metric("qtrel_cache_hits_total")
+    assert send(on.url, "/score", body, {"cache-control": "max-age=0, No-Cache"}, None).status_code == 200
+    assert on.metric("qtrel_cache_hits_total") == hits  # scored afresh
+    assert send(on.url, "/score", body, {"cache-control": "max-age=0"}, None).status_code == 200
+    assert on.metric("qtrel_cache_hits_total") == hits + 1
