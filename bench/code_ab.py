@@ -1,13 +1,16 @@
-"""Two versions of qtrel's code served on the same model under the same load, in interleaved rounds: a git
-revision (`--base`, checked out into a temporary worktree) against the working tree. For changes to the HTTP
-process or the runtime, whose effect is a few percent: single runs on this shared machine drift by ±10%.
+"""Two versions of qtrel served on the same model under the same load, in interleaved rounds: a git revision
+(`--base`, checked out into a temporary worktree) against the working tree, or the working tree under settings
+(`--base-env QTREL_X=...`, repeatable) against it as it is. For changes to the HTTP process or the runtime,
+whose effect is a few percent: single runs on this shared machine drift by ±10%.
 
 Each round starts each version's `qtrel serve` in turn (default layout, score cache off, the order alternating
-per round), drives it with 64 closed-loop one-pair aiohttp clients over distinct dev pairs, and takes pairs/s,
+per round), drives it with 64 closed-loop one-pair aiohttp clients over distinct dev pairs (or, with
+`--open-rate R`, Poisson arrivals at R requests/s, latency from each scheduled arrival), and takes pairs/s,
 p50/p99 and the CPU of the HTTP process, of the model processes below it and of this client, per pair. The
 result is the median of the per-round ratios, working tree ÷ base.
 
     python bench/code_ab.py --base HEAD~1 [--rounds 6] [--seconds 12]
+    python bench/code_ab.py --base-env QTREL_FAST_LANE=false --open-rate 400
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from load import (
     closed_loop,
     free_port,
     one_pair_bodies,
+    open_loop,
     own_cpu_seconds,
     qtrel_command,
     read_dev,
@@ -44,10 +48,15 @@ def split_cpu(root: int) -> tuple[float, float]:
     return own_cpu_seconds(root), sum(own_cpu_seconds(pid) for pid, _ in tree(root)[1:])
 
 
-async def window(base: str, root: int, bodies: list, clients: int, warmup: float, seconds: float) -> dict:
-    async with Http(clients) as http:
+async def window(
+    base: str, root: int, bodies: list, clients: int, warmup: float, seconds: float, rate: float | None
+) -> dict:
+    async with Http(clients if rate is None else 512) as http:  # load.py's open loop: at most 512 in flight
         end = time.perf_counter() + warmup + seconds
-        task = asyncio.ensure_future(closed_loop(http, base + "/score", bodies, clients, end))
+        if rate is None:
+            task = asyncio.ensure_future(closed_loop(http, base + "/score", bodies, clients, end))
+        else:
+            task = asyncio.ensure_future(open_loop(http, base + "/score", bodies, rate, end, 512))
         await asyncio.sleep(warmup)
         t0, c0, me0 = time.perf_counter(), split_cpu(root), time.process_time()
         records = await task
@@ -74,7 +83,12 @@ def worktree(rev: str, into: Path) -> Path:
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--base", required=True, help="git revision to compare the working tree against")
+    base = p.add_mutually_exclusive_group(required=True)
+    base.add_argument("--base", help="git revision to compare the working tree against")
+    base.add_argument(
+        "--base-env", action="append", metavar="KEY=VALUE", help="the base is the working tree with this setting"
+    )
+    p.add_argument("--open-rate", type=float, help="Poisson arrivals at this many requests/s instead of clients")
     p.add_argument("--model", default=str(builtin_dir("default")))
     p.add_argument("--rounds", type=int, default=6)
     p.add_argument("--seconds", type=float, default=12.0)
@@ -85,22 +99,27 @@ def main() -> int:
     bodies, _ = one_pair_bodies(read_dev(), a.pairs)
     results: dict[str, list[dict]] = {"base": [], "tree": []}
     with tempfile.TemporaryDirectory() as tmp:
-        base_dir = worktree(a.base, Path(tmp) / "base")
+        base_dir = worktree(a.base, Path(tmp) / "base") if a.base else None
         try:
-            # the base's packages first on the path; the working tree is the installed (editable) one
-            envs = {"base": {**os.environ, "PYTHONPATH": str(base_dir)}, "tree": dict(os.environ)}
+            if base_dir is not None:  # the base's packages first on the path; the tree is the installed one
+                envs = {"base": {**os.environ, "PYTHONPATH": str(base_dir)}, "tree": dict(os.environ)}
+            else:
+                envs = {"base": {**os.environ, **dict(kv.split("=", 1) for kv in a.base_env)}, "tree": dict(os.environ)}
             for r in range(a.rounds):
                 for name in ("base", "tree") if r % 2 == 0 else ("tree", "base"):
                     port = free_port()
                     url = f"http://127.0.0.1:{port}"
                     cmd = qtrel_command(Path(a.model), port)
                     with Server(cmd, url, "/health/ready", Path(tmp) / f"{name}.log", 300, envs[name]) as s:
-                        m = asyncio.run(window(url, s.proc.pid, bodies, a.clients, a.warmup, a.seconds))
+                        m = asyncio.run(window(url, s.proc.pid, bodies, a.clients, a.warmup, a.seconds, a.open_rate))
                     results[name].append(m)
                     print(name, r, {k: round(v, 3) for k, v in m.items()}, flush=True)
         finally:
-            subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(base_dir)], check=False)
-    command = f"python bench/code_ab.py --base {a.base} --rounds {a.rounds} --seconds {a.seconds:g}"
+            if base_dir is not None:
+                subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(base_dir)], check=False)
+    what = f"--base {a.base}" if a.base else " ".join(f"--base-env {kv}" for kv in a.base_env)
+    load = f" --open-rate {a.open_rate:g}" if a.open_rate else ""
+    command = f"python bench/code_ab.py {what}{load} --rounds {a.rounds} --seconds {a.seconds:g}"
     print("\n".join([*machine_lines(machine(), command), f"- ISA: {isa_line(isa())}"]) + "\n")
     print("| measure | base (median) | working tree (median) | tree ÷ base, median of rounds (range) |")
     print("|---|---:|---:|---:|")
