@@ -264,7 +264,7 @@ def create_app(
     openapi.install(app, settings)  # the schema states the limits of the effective settings
     lifecycle.reloaders.append(settings.keyring.reload)  # SIGHUP: the key file re-read
     # A request's span comes from FastAPI's instrumentation: with tracing on, every request goes FastAPI's way.
-    lane = FastLane(routes_of(app), app.dependency_overrides) if settings.fast_lane and not tracing.enabled else None
+    lane = FastLane(routes_of(app), app) if settings.fast_lane and not tracing.enabled else None
     app.state.fast_lane = lane
     app.add_middleware(EdgeMiddleware, metrics=metrics, max_body_bytes=settings.max_body_bytes, lane=lane)
     tracing.instrument(app)  # a span per request, outside the edge middleware

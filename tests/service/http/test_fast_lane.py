@@ -5,6 +5,7 @@ the same status, body and headers; the lane's count says which requests it took.
 
 from __future__ import annotations
 
+import asyncio
 from typing import Annotated
 
 import httpx
@@ -16,11 +17,18 @@ from service.http import deps
 from service.http.fast import routes_of
 from service.http.schemas import ScoreRequest
 from service.settings import Settings
-from tests.service.conftest import live_server
+from tests.service.conftest import LiveServer, free_port, live_server
 
 KEY = "lane-key-0123456789"
 LONG_TITLE = " ".join(["cordless drill with battery and charger kit"] * 40)
 JSON = {"content-type": "application/json"}
+
+
+def nested(depth: int) -> list:
+    out: list = []
+    for _ in range(depth - 1):
+        out = [out]
+    return out
 
 
 def case(path, body=None, headers=None, raw=None, taken=True):
@@ -46,6 +54,7 @@ for c in [
     ("/score", {"query": "drill", "titles": ["x" * 20_000]}),
     ("/score", {"query": "drill", "titles": ["hammer"], "model": "no-such-model"}),
     ("/predict", {"inputs": ["drill", LONG_TITLE], "truncate": False}),
+    ("/rerank", {"query": "drill", "texts": ["hammer"], "x": nested(20)}),  # an unknown field, ignored
 ]:
     CASES.append(case(*c))
 for c in [
@@ -62,6 +71,9 @@ for c in [
     ("/score", {"query": "drill", "titles": ["hammer"]}, {"x-request-timeout-ms": "soon"}),
     ("/score", {"query": "drill", "titles": ["hammer"]}, {"x-request-timeout-ms": "5.0"}),  # FastAPI takes it
     ("/score", {"query": "drill", "titles": ["hammer"]}, [("cache-control", "no-cache"), ("cache-control", "x")]),
+    ("/score", {"query": "drill", "titles": ["hammer"]}, {"x-request-timeout-ms": "0" * 4300 + "30000"}),
+    ("/rerank", None, JSON, b'{"query": "drill", "texts": ["hammer"], "x": ' + b"[" * 970 + b"]" * 970 + b"}"),
+    ("/predict", {"inputs": [["drill", "hammer"]] * 901}),  # over MAX_BRACKETS: decoded FastAPI's way
 ]:
     path, body, headers, raw = c + (None,) * (4 - len(c))
     CASES.append(case(path, body, headers, raw, taken=False))
@@ -202,3 +214,53 @@ def test_the_lane_reads_cache_control_as_the_route_does(pair):
     assert on.metric("qtrel_cache_hits_total") == hits  # scored afresh
     assert send(on.url, "/score", body, {"cache-control": "max-age=0"}, None).status_code == 200
     assert on.metric("qtrel_cache_hits_total") == hits + 1
+
+
+def test_behind_a_root_path_fastapi_routes_every_request(tiny_checkpoint):
+    """uvicorn --root-path: FastAPI routes on the path without it, so the lane steps aside (a /v1 prefix must
+    not turn /rerank into Cohere's /v1/rerank)."""
+    servers = []
+    try:
+        for lane in (True, False):
+            s = Settings(
+                model=str(tiny_checkpoint),
+                port=free_port(),
+                host="127.0.0.1",
+                log_json=False,
+                dtype="float32",
+                inference="torch",
+                max_wait_ms=1,
+                replicas=1,
+                fast_lane=lane,
+            )
+            srv = LiveServer(s)
+            srv.server.config.root_path = "/v1"
+            servers.append(srv.start())
+        body = {"query": "drill", "documents": ["cordless drill", "hammer"]}
+        a, b = (send(srv.url, "/rerank", body, {}, None) for srv in servers)
+        same(a, b)
+        assert a.status_code == 422 and servers[0].app.state.fast_lane.served == 0
+    finally:
+        for srv in servers:
+            srv.stop()
+
+
+def test_fastapis_own_telemetry_or_overrides_set_later_send_requests_fastapis_way(tiny_checkpoint):
+    app = create_app(Settings(model=str(tiny_checkpoint)))
+    lane = app.state.fast_lane
+    sent: list = []
+
+    async def send_(message):
+        sent.append(message)
+
+    async def receive():
+        return {"type": "http.disconnect"}
+
+    def scope(**extra):
+        return {"type": "http", "method": "POST", "path": "/score", "headers": [], "state": {"engine": None}, **extra}
+
+    first = {"type": "http.request", "body": b'{"query": "a", "titles": ["b"]}', "more_body": False}
+    assert not asyncio.run(lane.serve(scope(**{"fastapi.telemetry": object()}), first, receive, send_))
+    app.dependency_overrides = {deps.use_cache: lambda: False}  # a new dict, not the one the lane saw at start
+    assert not asyncio.run(lane.serve(scope(), first, receive, send_))
+    assert sent == [] and lane.served == 0
