@@ -7,6 +7,8 @@ import asyncio
 import os
 import shutil
 import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -215,3 +217,26 @@ def test_the_http_process_never_loads_torch(tiny_checkpoint, tmp_path):
     finally:
         proc.terminate()
         proc.wait(90)
+
+
+def test_serve_from_a_directory_with_model_and_service_folders_of_its_own(tiny_checkpoint, tmp_path):
+    """A user's working directory may hold Python packages named like qtrel's (an ML project's own `model`):
+    the model processes must still import qtrel's, not those (the fork server starts as `python -c`, whose
+    path begins with the working directory)."""
+    qtrel = Path(sys.executable).with_name("qtrel")
+    assert qtrel.exists(), "the package's console script (pip install -e .)"
+    for name in ("model", "service"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "__init__.py").write_text(f'raise SystemExit("the ./{name} folder was imported")\n')
+    port = free_port()
+    env = {**os.environ, "QTREL_LOG_JSON": "true"}
+    env.pop("PYTHONSAFEPATH", None)
+    cmd = [str(qtrel), "serve", "--model", str(tiny_checkpoint), "--host", "127.0.0.1", "--port", str(port)]
+    proc = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        wait_ready(f"http://127.0.0.1:{port}", proc)
+        r = httpx.post(f"http://127.0.0.1:{port}/score", json={"query": "drill", "titles": ["cordless drill"]})
+        assert r.status_code == 200, r.text
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.communicate(timeout=60)
