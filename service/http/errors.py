@@ -123,6 +123,15 @@ def _log_refused(request: Request, kind: ErrorKind, msg: str, exc: RequestValida
     log.info("refused (%s): %s", kind.value, rules)
 
 
+def _not_json(request: Request, exc: RequestValidationError) -> bool:
+    """The body was not read as JSON for its content type (FastAPI's strict content type), so the whole body
+    failed as "not an object"."""
+    ctype = (request.headers.get("content-type") or "").split(";", 1)[0].strip().lower()
+    json_type = ctype == "application/json" or (ctype.startswith("application/") and ctype.endswith("+json"))
+    whole = [e for e in exc.errors() if tuple(e.get("loc", ())) == ("body",)]
+    return not json_type and any(e.get("type") in ("model_attributes_type", "dict_type") for e in whole)
+
+
 def _loc(error: Any) -> str:
     return ".".join(str(x) for x in error.get("loc", ()) if x != "body") or "body"
 
@@ -142,6 +151,9 @@ def install(app: FastAPI) -> None:
     @app.exception_handler(RequestValidationError)
     async def _validation(request: Request, exc: RequestValidationError):
         kind, msg = _validation_message(exc)
+        if _not_json(request, exc):  # e.g. `curl -d`, which sends a form's content type
+            ctype = request.headers.get("content-type") or "none"
+            msg = f"the body must be JSON, sent with Content-Type: application/json (this request's: {ctype})"
         _log_refused(request, kind, msg, exc)
         return error_response(kind, msg)
 

@@ -93,6 +93,20 @@ def test_validation_errors_name_the_field_and_bad_json_is_a_bad_request(client):
     assert r.status_code == 400 and kind == "bad_request" and "not valid JSON" in message
 
 
+@pytest.mark.parametrize("ctype", [None, "application/x-www-form-urlencoded", "text/plain; charset=utf-8"])
+def test_a_body_not_sent_as_json_is_told_so(client, ctype):
+    """`curl -d` sends a form's content type: FastAPI then does not read the body as JSON at all."""
+    headers = {} if ctype is None else {"content-type": ctype}
+    r = client.post("/echo", content=b'{"n": 1}', headers=headers)
+    kind, message = shape(r)
+    assert r.status_code == 422 and kind == "validation"
+    assert "Content-Type: application/json" in message and f"this request's: {ctype or 'none'}" in message
+    ok = client.post("/echo", content=b'{"n": 1}', headers={"content-type": "application/merge-patch+json"})
+    assert ok.status_code == 200
+    r = client.post("/echo", content=b"[1]", headers={"content-type": "application/json"})
+    assert r.status_code == 422 and "Content-Type" not in shape(r)[1]  # JSON, just not an object
+
+
 def test_starlette_errors_get_the_shape(client):
     assert client.get("/nowhere").status_code == 404 and shape(client.get("/nowhere"))[0] == "not_found"
     r = client.get("/echo")
