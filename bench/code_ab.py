@@ -42,6 +42,8 @@ from results import ROOT, machine, machine_lines
 
 from model.builtin import builtin_dir
 
+OPEN_CAP = 512  # requests in flight at most in the open loop, as load.py's
+
 
 def split_cpu(root: int) -> tuple[float, float]:
     """(the HTTP process's CPU seconds, those of every live process below it)."""
@@ -51,12 +53,12 @@ def split_cpu(root: int) -> tuple[float, float]:
 async def window(
     base: str, root: int, bodies: list, clients: int, warmup: float, seconds: float, rate: float | None
 ) -> dict:
-    async with Http(clients if rate is None else 512) as http:  # load.py's open loop: at most 512 in flight
+    async with Http(clients if rate is None else OPEN_CAP) as http:
         end = time.perf_counter() + warmup + seconds
         if rate is None:
             task = asyncio.ensure_future(closed_loop(http, base + "/score", bodies, clients, end))
         else:
-            task = asyncio.ensure_future(open_loop(http, base + "/score", bodies, rate, end, 512))
+            task = asyncio.ensure_future(open_loop(http, base + "/score", bodies, rate, end, OPEN_CAP))
         await asyncio.sleep(warmup)
         t0, c0, me0 = time.perf_counter(), split_cpu(root), time.process_time()
         records = await task

@@ -32,9 +32,10 @@ async def get_metrics(request: Request) -> Metrics:
 EngineDep = Annotated[Engine, Depends(get_engine)]
 SettingsDep = Annotated[Settings, Depends(get_settings)]
 MetricsDep = Annotated[Metrics, Depends(get_metrics)]
+TIMEOUT_MAX_MS = 3_600_000  # an hour: the longest deadline a request may set
 # Optional, and never "null" in the schema: a header has no null (a fuzzer would send the text "null").
 TimeoutHeader = Annotated[
-    Annotated[int, Field(gt=0, le=3_600_000)] | SkipJsonSchema[None], Header(alias="X-Request-Timeout-Ms")
+    Annotated[int, Field(gt=0, le=TIMEOUT_MAX_MS)] | SkipJsonSchema[None], Header(alias="X-Request-Timeout-Ms")
 ]
 
 NO_CACHE = (

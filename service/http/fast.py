@@ -36,7 +36,6 @@ PARAMS = {
     "use_cache": deps.UseCacheDep,
     "timeout_ms": deps.TimeoutHeader,
 }
-TIMEOUT_MAX_MS = 3_600_000  # deps.TimeoutHeader's bound
 # A body with more brackets than this may nest deeply enough that decoding it hits the recursion limit at a
 # depth that differs between the lane's shallow stack and FastAPI's: such bodies go FastAPI's way. (A body of
 # 900 pairs for /predict has ~900.)
@@ -140,7 +139,9 @@ def _read(route: LaneRoute, request: Request, first: dict) -> tuple[BaseModel, i
     timeout, cache_control = _single(h, "x-request-timeout-ms"), _single(h, "cache-control")
     timeout_ms = None
     if timeout is not None:
-        if not (len(timeout) <= 7 and timeout.isascii() and timeout.isdigit() and 0 < int(timeout) <= TIMEOUT_MAX_MS):
+        if not (
+            len(timeout) <= 7 and timeout.isascii() and timeout.isdigit() and 0 < int(timeout) <= deps.TIMEOUT_MAX_MS
+        ):
             raise _Leave
         timeout_ms = int(timeout)
     raw = first["body"]

@@ -120,7 +120,7 @@ def start_context(spec: LoadSpec):
         ctx.set_forkserver_preload([TEMPLATE_MODULE])
         extra = {TEMPLATE_ENV: json.dumps(dataclasses.asdict(spec))} if template_eligible(spec) else {}
         # The fork server starts as `python -c ...`, which puts the working directory first on its path (its
-        # Python 3.11 main ignores the parent's): a ./model or ./service folder there would shadow qtrel's.
+        # Python 3.11 main ignores the parent's): a `model` or `service` package there would shadow qtrel's.
         if "PYTHONSAFEPATH" not in os.environ:
             extra["PYTHONSAFEPATH"] = "1"
         os.environ.update(extra)  # read by the fork server if this call starts it, and dropped at once
