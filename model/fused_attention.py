@@ -21,7 +21,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-__all__ = ["Rows", "available", "bf16_dot", "bind", "packed_attention", "parallel", "supports"]
+__all__ = ["Rows", "amx", "available", "bf16_dot", "bind", "packed_attention", "parallel", "supports"]
 
 _DTYPES = {torch.float32: 0, torch.bfloat16: 1}
 _HERE = Path(__file__).parent
@@ -52,6 +52,8 @@ def bind(path: str | Path, openmp: bool = True) -> ctypes.CDLL:
     f.restype = ctypes.c_int
     lib.qtrel_bf16_dot.argtypes = [ctypes.c_int]
     lib.qtrel_bf16_dot.restype = ctypes.c_int
+    lib.qtrel_amx.argtypes = [ctypes.c_int]
+    lib.qtrel_amx.restype = ctypes.c_int
     lib.qtrel_use_openmp.argtypes = [p, p, p]
     lib.qtrel_use_openmp.restype = None
     if openmp and (omp := _openmp()):
@@ -91,6 +93,14 @@ def bf16_dot(use: bool | None = None) -> bool:
     where the CPU has the instructions. `use`: turn it on (where it can run) or off, for the A/Bs and tests."""
     lib, _ = _library()
     return lib is not None and bool(lib.qtrel_bf16_dot(-1 if use is None else int(use)))
+
+
+def amx(use: bool | None = None) -> bool:
+    """Whether bfloat16 input with head sizes that are multiples of 32 runs on AMX tiles (scores and context as
+    16 x 16 tile products, the softmax as the other paths'); on by itself where the CPU has AMX-BF16 and Linux
+    grants the process its tile state. `use`: turn it on (where it can run) or off, for the A/Bs and tests."""
+    lib, _ = _library()
+    return lib is not None and bool(lib.qtrel_amx(-1 if use is None else int(use)))
 
 
 def parallel() -> bool:

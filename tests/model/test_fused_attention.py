@@ -83,26 +83,39 @@ def check(lengths, nh, hs, dtype, lib=None, cls_only=False, mask=None, monkeypat
     return out
 
 
-@pytest.fixture(params=["float32", "bfloat16", "bfloat16-dot"])
+@pytest.fixture(params=["float32", "bfloat16", "bfloat16-dot", "bfloat16-amx"])
 def dtype(request):
-    """float32; bfloat16 in float32 arithmetic; bfloat16 on AVX512-BF16's dot products (where the CPU has them)."""
+    """float32; bfloat16 in float32 arithmetic; bfloat16 on AVX512-BF16's dot products; bfloat16 on AMX tiles
+    (head sizes that are multiples of 32; the others on the dot products), each where the CPU has it."""
     if request.param == "float32":
         yield torch.float32
         return
-    dot = request.param == "bfloat16-dot"
+    dot, amx = request.param != "bfloat16", request.param == "bfloat16-amx"
     if dot and not fa.bf16_dot(True):
         pytest.skip("no AVX512-BF16 on this CPU")
-    was = fa.bf16_dot(dot)
-    assert was == dot
+    if amx and not fa.amx(True):
+        pytest.skip("no AMX-BF16 on this CPU")
+    assert fa.bf16_dot(dot) == dot and fa.amx(amx) == amx
     try:
         yield torch.bfloat16
     finally:
-        fa.bf16_dot(True)  # back to the default: on where the CPU can
+        fa.bf16_dot(True)  # back to the defaults: on where the CPU can
+        fa.amx(True)
 
 
 @pytest.mark.parametrize("lengths, nh, hs", CASES + [([1, 2, 3, 5, 63, 64, 65], 2, 16)])
 def test_matches_reference(lengths, nh, hs, dtype):
     check(lengths, nh, hs, dtype)
+
+
+def test_amx_on_where_the_cpu_has_it():
+    """The AMX path is the default exactly where the CPU has AMX-BF16 (and Linux grants the tile state), and can
+    be turned off."""
+    assert fa.amx() == ({"amx_bf16", "amx_tile", "avx512_bf16"} <= cpu_flags())
+    try:
+        assert fa.amx(False) is False
+    finally:
+        fa.amx(True)
 
 
 def test_bf16_dot_on_where_the_cpu_has_it():
@@ -169,8 +182,12 @@ def test_every_isa_build_matches_reference(name, march, tmp_path, monkeypatch):
     subprocess.run(["cc", *flags, "-o", str(so), str(src)], check=True)
     lib = fa.bind(so)
     dots = [0, 1] if lib.qtrel_bf16_dot(1) else [0]
-    for dtype, dot in [(torch.float32, 0)] + [(torch.bfloat16, d) for d in dots]:
+    modes = (
+        [(torch.float32, 0, 0)] + [(torch.bfloat16, d, 0) for d in dots] + [(torch.bfloat16, 1, 1)] * lib.qtrel_amx(1)
+    )
+    for dtype, dot, amx in modes:
         lib.qtrel_bf16_dot(dot)
+        lib.qtrel_amx(amx)
         check([33, 20, 14, 14, 40], 12, 32, dtype, lib=lib, monkeypatch=monkeypatch)
         check([24, 11, 1], 2, 40, dtype, lib=lib, monkeypatch=monkeypatch)
         check([9, 31, 4, 17], 4, 32, dtype, lib=lib, cls_only=True, mask=torch.tensor([1.0, 0.0, 0.5, 1.0]),

@@ -1,0 +1,195 @@
+"""qtrel's forward against the anchors, interleaved batch by batch: for hosts whose speed swings within seconds.
+
+`bench/anchors.py` interleaves whole passes. On a VM whose neighbours take the core's AMX or memory for a
+second or two at a time (a Sapphire Rapids guest here swung a bare bf16 linear between 430 and 1,200 GFLOP/s
+from one half-second to the next), one pass lands in a quiet spell and the next in a busy one, and the
+ratios swing 0.6-2x. Here every system runs batch i before any runs batch i + 1 (the order rotated per
+batch), so a busy spell falls on all of them alike. Two estimates per system:
+
+- **quiet**: per batch, the fastest of the repeats, summed: the machine as if no neighbour ran;
+- **paired**: per repeat, each system's time over the anchor's on the same batches, then the median of
+  those ratios.
+
+  python bench/batch_ab.py --model model/default [--pairs 1000] [--repeats 8] [--threads 1]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import tempfile
+import time
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import torch
+from anchors import isa, isa_line, native_precision, slug_of, useful_flops
+from model_speed import export_onnx, hf_model, make_batches, read_pairs
+from results import command_line, machine, publish
+
+from model import fused_attention
+from model.relevance import RelevanceModel
+
+Step = Callable[[int], object]  # runs batch i
+
+
+def openvino_step(onnx: Path, threads: int, precision: str, feeds: list[dict]) -> tuple[Step, str]:
+    import openvino as ov
+
+    core = ov.Core()
+    hint = {"bfloat16": "bf16", "float32": "f32"}[precision]
+    cfg = {"PERFORMANCE_HINT": "LATENCY", "INFERENCE_PRECISION_HINT": hint, "INFERENCE_NUM_THREADS": threads}
+    req = core.compile_model(core.read_model(str(onnx)), "CPU", cfg).create_infer_request()
+    return (lambda i: req.infer(feeds[i])), ov.__version__
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", type=Path, default=Path("model/default"))
+    p.add_argument("--pairs", type=int, default=1000)
+    p.add_argument("--repeats", type=int, default=8)
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--tag", default="")
+    a = p.parse_args()
+    torch.set_num_threads(a.threads)
+    warnings.filterwarnings("ignore")
+    cpu = isa()
+    print("ISA: " + isa_line(cpu), flush=True)
+    prec = native_precision(cpu)
+    short = {"bfloat16": "bf16", "float32": "fp32"}[prec]
+
+    m = RelevanceModel.load(a.model, dtype=prec)
+    m.warm_up()
+    flash = RelevanceModel.load(a.model, dtype=prec)
+    flash.use_attention("sdpa")
+    flash.warm_up()
+    tok = m.tokenizer
+    pairs = read_pairs(a.pairs)
+    enc = tok.encode([q for q, _ in pairs], [t for _, t in pairs])
+    order = sorted(range(len(enc)), key=enc.lengths.__getitem__)
+    chunks = [order[i : i + 32] for i in range(0, len(order), 32)]
+    lists = [([enc.input_ids[i] for i in c], [enc.token_type_ids[i] for i in c]) for c in chunks]
+    batches = make_batches(tok, pairs)
+    feeds = [b.feeds() for b in batches]
+    hf = hf_model(a.model, "sdpa")
+    if prec == "bfloat16":
+        hf = hf.to(torch.bfloat16)
+
+    def qtrel(model: RelevanceModel) -> Step:
+        return lambda i: model.logits(*lists[i])
+
+    def transformers(i: int) -> object:
+        b = batches[i]
+        return hf(input_ids=b.ids, attention_mask=b.mask, token_type_ids=b.seg).logits
+
+    amx = m.attention == "fused" and fused_attention.amx()
+    steps: dict[str, Step] = {
+        f"qtrel default ({short}, {m.attention} attention{', AMX tiles' if amx else ''})": qtrel(m),
+        f"qtrel, flash attention ({short})": qtrel(flash),
+        f"transformers ({short}, sdpa)": transformers,
+    }
+    if amx:  # the same kernel on AVX512-BF16 dot products, as on a CPU without AMX
+
+        def without_amx(i: int) -> object:
+            fused_attention.amx(False)
+            try:
+                return m.logits(*lists[i])
+            finally:
+                fused_attention.amx(True)
+
+        steps[f"qtrel, fused attention without AMX ({short})"] = without_amx
+    versions = {"torch": torch.__version__}
+    anchor = None
+    with tempfile.TemporaryDirectory(prefix="qtrel-batch-ab-") as tmp:
+        onnx = export_onnx(hf_model(a.model, "eager"), batches[len(batches) // 2], Path(tmp) / "m.onnx", dynamo=False)
+        try:
+            step, versions["openvino"] = openvino_step(onnx, a.threads, prec, feeds)
+            anchor = f"OpenVINO ({short}, LATENCY hint)"
+            steps[anchor] = step
+        except ImportError:
+            anchor = f"transformers ({short}, sdpa)"
+        names = list(steps)
+        times = {n: np.zeros((a.repeats, len(batches))) for n in names}
+        with torch.inference_mode():
+            for n in names:  # warm-up: every shape once
+                for i in range(len(batches)):
+                    steps[n](i)
+            for r in range(a.repeats):
+                t_rep = time.perf_counter()
+                for i in range(len(batches)):
+                    k = (r + i) % len(names)
+                    for n in names[k:] + names[:k]:
+                        t0 = time.perf_counter()
+                        steps[n](i)
+                        times[n][r, i] = time.perf_counter() - t0
+                print(f"  repeat {r + 1}/{a.repeats}: {time.perf_counter() - t_rep:.1f}s", flush=True)
+
+    flops = useful_flops(m.cfg, enc.lengths)
+    rows = []
+    for n in names:
+        quiet = times[n].min(axis=0).sum()
+        totals = times[n].sum(axis=1)
+        paired = [float(x) for x in times[anchor].sum(axis=1) / totals]  # > 1: faster than the anchor
+        rows.append(
+            {
+                "system": n,
+                "quiet_pairs_per_s": len(pairs) / quiet,
+                "quiet_gflops": flops / quiet / 1e9,
+                "median_pairs_per_s": len(pairs) / statistics.median(totals),
+                "range_pairs_per_s": [len(pairs) / totals.max(), len(pairs) / totals.min()],
+                "paired_x_anchor": statistics.median(paired),
+                "paired_range": [min(paired), max(paired)],
+            }
+        )
+    quiet_anchor = next(r["quiet_pairs_per_s"] for r in rows if r["system"] == anchor)
+    for r in rows:
+        r["quiet_x_anchor"] = r["quiet_pairs_per_s"] / quiet_anchor
+    report = {
+        "isa": cpu,
+        "machine": machine(),
+        "command": command_line(),
+        "versions": versions,
+        "pairs": len(pairs),
+        "batches": len(batches),
+        "threads": a.threads,
+        "repeats": a.repeats,
+        "anchor": anchor,
+        "rows": rows,
+    }
+    md = render(report)
+    print(md)
+    publish("batch_ab", f"{slug_of(cpu)}{a.tag}", report, md, quick=False)
+    return 0
+
+
+def render(r: dict) -> str:
+    lines = [
+        f"### Batch-interleaved A/B: {r['machine']['cpu']} (`bench/batch_ab.py`, {r['machine']['date']})",
+        "",
+        f"{r['pairs']} held-out dev pairs, {r['batches']} length-sorted batches of 32, {r['threads']} thread(s), "
+        f"{r['repeats']} repeats; every system runs batch i before any runs batch i + 1. Quiet: per batch the "
+        f"fastest repeat, summed. Paired: per repeat, the anchor's time over the system's on the same batches, "
+        f"median (range). Anchor: {r['anchor']}.",
+        "",
+        f"- ISA: {isa_line(r['isa'])}",
+        f"- command: `{r['command']}`",
+        f"- versions: {', '.join(f'{k} {v}' for k, v in r['versions'].items())}",
+        "",
+        "| system | quiet pairs/s | quiet useful GFLOP/s | quiet × anchor | paired × anchor (range) "
+        "| median pairs/s (range) |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
+    for x in r["rows"]:
+        lo, hi = x["paired_range"]
+        a, b = x["range_pairs_per_s"]
+        lines.append(
+            f"| {x['system']} | {x['quiet_pairs_per_s']:,.0f} | {x['quiet_gflops']:.0f} | {x['quiet_x_anchor']:.2f} "
+            f"| {x['paired_x_anchor']:.2f} ({lo:.2f}–{hi:.2f}) | {x['median_pairs_per_s']:,.0f} ({a:,.0f}–{b:,.0f}) |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
