@@ -248,6 +248,58 @@ INLINE uint32_t ld32(const uint16_t *p) { /* two bf16, any alignment */
     return x;
 }
 
+typedef float v16 __attribute__((vector_size(64)));
+typedef int32_t v16i __attribute__((vector_size(64)));
+#define BC16(x) ((v16){(x), (x), (x), (x), (x), (x), (x), (x), (x), (x), (x), (x), (x), (x), (x), (x)})
+
+/* vexp_nonpos on 16 lanes (the same polynomial) */
+BF16_TARGET static inline v16 vexp16_nonpos(v16 x) {
+    x = (v16)_mm512_max_ps((__m512)x, _mm512_set1_ps(-87.0f));
+    const v16 n = (x * BC16(1.44269504088896341f) + BC16(12582912.0f)) - BC16(12582912.0f);
+    const v16 r = x - n * BC16(0.693359375f) + n * BC16(2.12194440e-4f);
+    v16 p = BC16(1.9875691500e-4f);
+    p = p * r + BC16(1.3981999507e-3f);
+    p = p * r + BC16(8.3334519073e-3f);
+    p = p * r + BC16(4.1665795894e-2f);
+    p = p * r + BC16(1.6666665459e-1f);
+    p = p * r + BC16(5.0000001201e-1f);
+    p = p * r * r + r + BC16(1.0f);
+    const v16i bits = (__builtin_convertvector(n, v16i) + 127) << 23;
+    return p * (v16)bits;
+}
+
+/* The softmax of nb rows of scores (lp floats each, L real) as the other paths' (the row's max subtracted,
+ * exp, normalised at the end; NaN where a score is NaN or infinite), on 16 lanes with the padding keys masked
+ * out instead of computed: `scale` applied here, the weights written as bf16 to pb (zeros past L), and
+ * w / their sum to inv. The masked lanes matter on Intel: exp of the padding's -inf came out as ~1e-38 and
+ * every such lane cost the float pipeline an assist; this ran 3x faster than softmax_row on Sapphire Rapids.
+ * The AVX512-BF16 and AMX paths use it. */
+BF16_TARGET static void softmax_rows(const float *s, uint16_t *pb, int64_t nb, int64_t L, int64_t lp, float scale,
+                                    float w, float *inv) {
+    for (int64_t r = 0; r < nb; r++) {
+        const float *sr = s + r * lp;
+        __m512 m = _mm512_set1_ps(-INFINITY);
+        __mmask16 bad = 0;
+        for (int64_t j = 0; j < lp; j += 16) {
+            const __mmask16 k = j + 16 <= L ? 0xFFFF : j < L ? (__mmask16)((1u << (L - j)) - 1) : 0;
+            const __m512 x = _mm512_mask_loadu_ps(m, k, sr + j);
+            bad |= _mm512_mask_cmp_ps_mask(k, x, x, _CMP_UNORD_Q);
+            m = _mm512_max_ps(m, x);
+        }
+        const float mx = _mm512_reduce_max_ps(m);
+        __m512 sum = _mm512_setzero_ps();
+        const __m512 msc = _mm512_set1_ps(mx * scale);
+        for (int64_t j = 0; j < lp; j += 16) {
+            const __mmask16 k = j + 16 <= L ? 0xFFFF : j < L ? (__mmask16)((1u << (L - j)) - 1) : 0;
+            const __m512 x = _mm512_fmsub_ps(_mm512_loadu_ps(sr + j), _mm512_set1_ps(scale), msc);
+            const __m512 e = _mm512_maskz_mov_ps(k, (__m512)vexp16_nonpos((v16)_mm512_min_ps(x, _mm512_setzero_ps())));
+            sum = _mm512_add_ps(sum, e);
+            _mm256_storeu_si256((__m256i *)(pb + r * lp + j), (__m256i)_mm512_cvtneps_pbh(e));
+        }
+        inv[r] = bad || !(mx <= 3.4e38f) ? NAN : w / _mm512_reduce_add_ps(sum);
+    }
+}
+
 /* bfloat16 input on CPUs with AVX512-BF16: both products as `vdpbf16ps` (two bf16 products summed into each
  * float32 lane), half the instructions of the float32 path. The scores' products are exact as before (bf16 x
  * bf16 fits float32); the context rounds the softmax weights to bf16 first, as torch's bf16 kernels do.
@@ -289,15 +341,7 @@ BF16_TARGET static void attend_bf16(const uint32_t *restrict kt2, const uint32_t
             _mm256_storeu_ps(s + 3 * lp + j + 8, _mm256_mul_ps(a31, sc));
         }
         float inv[QB];
-        for (int64_t r = 0; r < nb; r++) { /* softmax as the float32 path's, then the weights to bf16 */
-            float *sr = s + r * lp;
-            inv[r] = softmax_row(sr, L, lp);
-            for (int64_t j = 0; j < lp; j += 16) {
-                const __m256bh w = _mm256_cvtne2ps_pbh(_mm256_loadu_ps(sr + j + 8), _mm256_loadu_ps(sr + j));
-                _mm256_storeu_si256((__m256i *)(pb + r * lp + j), (__m256i)w);
-            }
-            pb[r * lp + L] = 0; /* an odd L's padding key (lp > L then): weight 0, never 1e-38 x its zeros */
-        }
+        softmax_rows(s, pb, nb, L, lp, 1.0f, 1.0f, inv); /* the weights to bf16, zero past L */
         for (int64_t r = 0; r < nb; r += 2) { /* context: 2 rows x 32 columns, two keys per instruction */
             const uint16_t *p0 = pb + r * lp, *p1 = pb + (r + 1 < nb ? r + 1 : r) * lp;
             int64_t d0 = 0;
@@ -410,57 +454,6 @@ typedef struct {
     uint16_t colsb[16];
     uint8_t rows[16];
 } tilecfg_t;
-
-typedef float v16 __attribute__((vector_size(64)));
-typedef int32_t v16i __attribute__((vector_size(64)));
-#define BC16(x) ((v16){(x), (x), (x), (x), (x), (x), (x), (x), (x), (x), (x), (x), (x), (x), (x), (x)})
-
-/* vexp_nonpos on 16 lanes (the same polynomial) */
-AMX_TARGET static inline v16 vexp16_nonpos(v16 x) {
-    x = (v16)_mm512_max_ps((__m512)x, _mm512_set1_ps(-87.0f));
-    const v16 n = (x * BC16(1.44269504088896341f) + BC16(12582912.0f)) - BC16(12582912.0f);
-    const v16 r = x - n * BC16(0.693359375f) + n * BC16(2.12194440e-4f);
-    v16 p = BC16(1.9875691500e-4f);
-    p = p * r + BC16(1.3981999507e-3f);
-    p = p * r + BC16(8.3334519073e-3f);
-    p = p * r + BC16(4.1665795894e-2f);
-    p = p * r + BC16(1.6666665459e-1f);
-    p = p * r + BC16(5.0000001201e-1f);
-    p = p * r * r + r + BC16(1.0f);
-    const v16i bits = (__builtin_convertvector(n, v16i) + 127) << 23;
-    return p * (v16)bits;
-}
-
-/* The softmax of nb rows of scores (lp floats each, L real) as the other paths' (the row's max subtracted,
- * exp, normalised at the end; NaN where a score is NaN or infinite), on 16 lanes with the padding keys masked
- * out instead of computed: `scale` applied here, the weights written as bf16 to pb (zeros past L), and
- * w / their sum to inv. The masked lanes matter on Intel: exp of the padding's -inf came out as ~1e-38 and
- * every such lane cost the float pipeline an assist; this ran 3x faster than softmax_row on Sapphire Rapids. */
-AMX_TARGET static void softmax_rows(const float *s, uint16_t *pb, int64_t nb, int64_t L, int64_t lp, float scale,
-                                    float w, float *inv) {
-    for (int64_t r = 0; r < nb; r++) {
-        const float *sr = s + r * lp;
-        __m512 m = _mm512_set1_ps(-INFINITY);
-        __mmask16 bad = 0;
-        for (int64_t j = 0; j < lp; j += 16) {
-            const __mmask16 k = j + 16 <= L ? 0xFFFF : j < L ? (__mmask16)((1u << (L - j)) - 1) : 0;
-            const __m512 x = _mm512_mask_loadu_ps(m, k, sr + j);
-            bad |= _mm512_mask_cmp_ps_mask(k, x, x, _CMP_UNORD_Q);
-            m = _mm512_max_ps(m, x);
-        }
-        const float mx = _mm512_reduce_max_ps(m);
-        __m512 sum = _mm512_setzero_ps();
-        const __m512 msc = _mm512_set1_ps(mx * scale);
-        for (int64_t j = 0; j < lp; j += 16) {
-            const __mmask16 k = j + 16 <= L ? 0xFFFF : j < L ? (__mmask16)((1u << (L - j)) - 1) : 0;
-            const __m512 x = _mm512_fmsub_ps(_mm512_loadu_ps(sr + j), _mm512_set1_ps(scale), msc);
-            const __m512 e = _mm512_maskz_mov_ps(k, (__m512)vexp16_nonpos((v16)_mm512_min_ps(x, _mm512_setzero_ps())));
-            sum = _mm512_add_ps(sum, e);
-            _mm256_storeu_si256((__m256i *)(pb + r * lp + j), (__m256i)_mm512_cvtneps_pbh(e));
-        }
-        inv[r] = bad || !(mx <= 3.4e38f) ? NAN : w / _mm512_reduce_add_ps(sum);
-    }
-}
 
 /* Whether the CPU has AMX-BF16 tiles and the kernel (Linux) lets this process use them. */
 static int amx_usable(void) {
