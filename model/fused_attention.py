@@ -21,7 +21,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-__all__ = ["Rows", "amx", "available", "bf16_dot", "bind", "packed_attention", "parallel", "supports"]
+__all__ = ["Rows", "amx", "available", "bf16_dot", "bind", "packed_attention", "parallel", "path", "supports"]
 
 _DTYPES = {torch.float32: 0, torch.bfloat16: 1}
 _HERE = Path(__file__).parent
@@ -101,6 +101,15 @@ def amx(use: bool | None = None) -> bool:
     grants the process its tile state. `use`: turn it on (where it can run) or off, for the A/Bs and tests."""
     lib, _ = _library()
     return lib is not None and bool(lib.qtrel_amx(-1 if use is None else int(use)))
+
+
+def path(dtype: torch.dtype) -> str:
+    """Which code the kernel runs for `dtype` on this CPU, as /info reports it."""
+    if dtype == torch.bfloat16 and amx():
+        return "AMX tiles (head sizes that are multiples of 32)"
+    if dtype == torch.bfloat16 and bf16_dot():
+        return "AVX512-BF16 dot products"
+    return "float32 arithmetic"
 
 
 def parallel() -> bool:

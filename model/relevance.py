@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor, nn
 
+from model import fused_attention
 from model.bert import BertForRelevance
 from model.checkpoint import CheckpointError, load_module, save_checkpoint
 from model.config import BertConfig
@@ -166,6 +167,8 @@ class RelevanceModel:
             "attention": self.attention,
             "attention_probe": self.attention_probe,
             "attention_reason": self.attention_reason,
+            # the fused kernel's code on this CPU (AMX tiles, AVX512-BF16 dot products or float32 arithmetic)
+            "attention_path": fused_attention.path(DTYPES[self.dtype]) if self.attention == "fused" else None,
             "inference": self.inference,
             "inference_reason": self.inference_reason,
             "inference_probe": self.inference_probe,

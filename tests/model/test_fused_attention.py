@@ -118,6 +118,20 @@ def test_amx_on_where_the_cpu_has_it():
         fa.amx(True)
 
 
+def test_path_names_the_code_that_runs():
+    """/info's `attention_path`: AMX tiles, the AVX512-BF16 dot products or float32 arithmetic, as toggled."""
+    assert fa.path(torch.float32) == "float32 arithmetic"
+    try:
+        assert fa.path(torch.bfloat16).startswith("AMX") == fa.amx()
+        fa.amx(False)
+        assert fa.path(torch.bfloat16) == ("AVX512-BF16 dot products" if fa.bf16_dot() else "float32 arithmetic")
+        fa.bf16_dot(False)
+        assert fa.path(torch.bfloat16) == "float32 arithmetic"
+    finally:
+        fa.amx(True)
+        fa.bf16_dot(True)
+
+
 def test_bf16_dot_on_where_the_cpu_has_it():
     """The AVX512-BF16 path is the default exactly where the CPU has the instructions, and can be turned off."""
     assert fa.bf16_dot() == ({"avx512_bf16", "avx512vl", "avx512bw"} <= cpu_flags())

@@ -435,6 +435,8 @@ def test_info_says_what_runs_the_forward_and_why(tiny_checkpoint, inference):
 def test_attention_setting_reaches_the_model_processes(tiny_checkpoint, attention):
     """QTREL_ATTENTION picks the torch forward's attention kernel in every model process, and /info says which
     and why; scores are the same either way (tests/model/test_fused_attention.py checks them closely)."""
+    import torch
+
     from model import fused_attention
 
     with live_server(tiny_checkpoint, attention=attention, replicas=1, threads=1) as srv:
@@ -445,8 +447,10 @@ def test_attention_setting_reaches_the_model_processes(tiny_checkpoint, attentio
     model = info["model"]
     if attention == "torch":
         assert model["attention"] == "sdpa" and model["attention_reason"] == "asked for torch's kernels"
+        assert model["attention_path"] is None
     elif fused_attention.available()[0]:
         assert model["attention"] == "fused" and model["attention_reason"] == "asked for the fused kernel"
+        assert model["attention_path"] == fused_attention.path(getattr(torch, model["dtype"]))
     else:
         assert model["attention"] == "sdpa" and "fused kernel unavailable" in model["attention_reason"]
     assert model["attention_probe"] is None  # asked for: nothing probed
