@@ -67,7 +67,7 @@ class Embeddings(nn.Module):
 
 
 # In float32 arithmetic the fused kernel attends the pairs of at most this many tokens, longer ones per group
-# (model.kernels.fused_max_tokens: its AVX512-BF16 path takes every pair where there is no AMX). On a Zen 3
+# (model.kernels.fused_max_tokens: its AMX and AVX512-BF16 paths take every pair). On a Zen 3
 # (float32, one layer's attention) it ran 1.09x torch's flash kernel at 64 tokens, 0.93x at 256, 0.81x at 512:
 # that kernel blocks long rows for the cache. On a Zen 4 the whole forward: 0.91x at 512 (bench/long_pairs.py).
 FUSED_MAX_TOKENS = 192

@@ -65,18 +65,23 @@ def set_attention(module: nn.Module, kind: str) -> str:
     if kind == "fused" and (why := fused_unavailable(module, _dtype_of(module))):
         raise ValueError(f"the fused attention kernel is not available: {why}")
     grouped = per_group_attention(_dtype_of(module)) if kind == "fused" else kind
-    longest = fused_max_tokens(_dtype_of(module))
+    dtype = _dtype_of(module)
     for layer in module.modules():
         if isinstance(layer, Layer):
+            longest = fused_max_tokens(dtype, layer.attn.head_size)
             layer.attn.kernel, layer.attn.grouped, layer.attn.fused_max = kind, grouped, longest
     return kind
 
 
-def fused_max_tokens(dtype: torch.dtype) -> int:
-    """The longest pair the fused kernel attends (longer ones go per group). Its AVX512-BF16 path ran the whole
-    forward faster than torch's kernels at every length measured, up to 512 tokens, at 1 and 2 threads (Zen 4:
-    1.07x flash at 512), so it takes every pair on such CPUs; with AMX, where torch's kernels run on tiles and
-    were never measured against it, and in float32 arithmetic, pairs up to model.bert.FUSED_MAX_TOKENS."""
+def fused_max_tokens(dtype: torch.dtype, head_size: int = 32) -> int:
+    """The longest pair the fused kernel attends (longer ones go per group). It takes every pair where it runs
+    bfloat16 on AMX tiles (Sapphire Rapids: 1.04-1.57x torch's fastest kernel at every length from 27 to 512
+    tokens, the whole forward) or on AVX512-BF16 dot products without AMX (Zen 4: 1.07x flash at 512). Where
+    the CPU has AMX but the tile path does not run (head sizes not a multiple of 32, or turned off), torch's
+    kernels run on tiles and were never measured against the dot products; there, and in float32 arithmetic,
+    pairs up to model.bert.FUSED_MAX_TOKENS."""
+    if dtype == torch.bfloat16 and fused_attention.amx() and head_size % 32 == 0:
+        return 2**62
     if dtype == torch.bfloat16 and fused_attention.bf16_dot() and "amx_bf16" not in cpu_flags():
         return 2**62
     return FUSED_MAX_TOKENS

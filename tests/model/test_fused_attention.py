@@ -379,24 +379,33 @@ def count_calls(monkeypatch) -> list[int]:
 
 
 def test_fused_max_tokens_per_path(tiny_checkpoint, monkeypatch):
-    """Every pair fused where the AVX512-BF16 path runs bfloat16 without AMX (it measured faster than torch's
-    kernels at every length); with AMX, with that path off and in float32, pairs up to FUSED_MAX_TOKENS; each
-    layer gets the bound of its model's precision when the kernel is set."""
+    """Every pair fused where bfloat16 runs on AMX tiles (head sizes that are multiples of 32) or on the
+    AVX512-BF16 path without AMX (each measured faster than torch's kernels at every length); with AMX but
+    not its tile path, with the dot path off and in float32, pairs up to FUSED_MAX_TOKENS; each layer gets the
+    bound of its model's precision and head size when the kernel is set."""
     import model.bert as bert
 
-    everything = 2**62
-    for flags, dot, dtype, want in (
-        ({"avx512_bf16"}, True, torch.bfloat16, everything),
-        ({"avx512_bf16", "amx_bf16"}, True, torch.bfloat16, bert.FUSED_MAX_TOKENS),
-        ({"avx512_bf16"}, False, torch.bfloat16, bert.FUSED_MAX_TOKENS),
-        ({"avx512_bf16"}, True, torch.float32, bert.FUSED_MAX_TOKENS),
+    everything, amx_flags = 2**62, {"avx512_bf16", "amx_bf16"}
+    for flags, dot, amx, dtype, hs, want in (
+        ({"avx512_bf16"}, True, False, torch.bfloat16, 32, everything),
+        (amx_flags, True, True, torch.bfloat16, 32, everything),
+        (amx_flags, True, True, torch.bfloat16, 64, everything),
+        (amx_flags, True, True, torch.bfloat16, 16, bert.FUSED_MAX_TOKENS),  # the dot path, on an AMX CPU
+        (amx_flags, True, False, torch.bfloat16, 32, bert.FUSED_MAX_TOKENS),
+        ({"avx512_bf16"}, False, False, torch.bfloat16, 32, bert.FUSED_MAX_TOKENS),
+        ({"avx512_bf16"}, True, False, torch.float32, 32, bert.FUSED_MAX_TOKENS),
+        (amx_flags, True, True, torch.float32, 32, bert.FUSED_MAX_TOKENS),
     ):
         monkeypatch.setattr(kernel_layer, "cpu_flags", lambda f=flags: frozenset(f))
         monkeypatch.setattr(kernel_layer.fused_attention, "bf16_dot", lambda d=dot: d)
-        assert kernel_layer.fused_max_tokens(dtype) == want
+        monkeypatch.setattr(kernel_layer.fused_attention, "amx", lambda a=amx: a)
+        assert kernel_layer.fused_max_tokens(dtype, hs) == want, (flags, dot, amx, dtype, hs)
     m = RelevanceModel.load(tiny_checkpoint, dtype="bfloat16")
     m.use_attention("fused")
-    assert {layer.attn.fused_max for layer in m.module.bert.blocks} == {everything}
+    hs = {layer.attn.head_size for layer in m.module.bert.blocks}
+    assert {layer.attn.fused_max for layer in m.module.bert.blocks} == {
+        kernel_layer.fused_max_tokens(torch.bfloat16, h) for h in hs
+    }
     monkeypatch.undo()
     m = RelevanceModel.load(tiny_checkpoint, dtype="float32")
     m.use_attention("fused")
