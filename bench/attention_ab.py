@@ -34,9 +34,11 @@ SIZES = (8, 19, 32)
 
 
 def run(m: RelevanceModel, batches, kernel: str) -> tuple[float, torch.Tensor]:
-    # "fused-f32": the fused kernel in float32 arithmetic where its AVX512-BF16 path would run
+    # "fused-dot": the fused kernel on AVX512-BF16 dot products where its AMX path would run; "fused-f32": in
+    # float32 arithmetic where either would
     fused_attention.bf16_dot(kernel != "fused-f32")
-    m.use_attention("fused" if kernel == "fused-f32" else kernel)
+    fused_attention.amx(kernel == "fused")
+    m.use_attention("fused" if kernel.startswith("fused") else kernel)
     with torch.inference_mode():
         t0 = time.perf_counter()
         out = [m.logits(ids, seg) for ids, seg in batches]
@@ -83,6 +85,9 @@ def main() -> int:
     }
     res: dict = {}
     kinds = ("sdpa", "math") + (("fused",) if fused_attention.available()[0] else ())
+    amx = m.dtype == "bfloat16" and fused_attention.amx()
+    if amx:
+        kinds += ("fused-dot",)
     if m.dtype == "bfloat16" and fused_attention.bf16_dot():
         kinds += ("fused-f32",)
     if a.pause_pid:
@@ -105,6 +110,7 @@ def main() -> int:
         }
     finally:
         fused_attention.bf16_dot(True)
+        fused_attention.amx(True)
         if a.pause_pid:
             os.kill(a.pause_pid, signal.SIGCONT)
     for b in SIZES:
@@ -137,7 +143,9 @@ def main() -> int:
     names = {
         "sdpa": "flash SDPA",
         "math": "math (2 matmuls + float32 softmax)",
-        "fused": "fused (one call a layer)" + (", AVX512-BF16 dot products" if "fused-f32" in kinds else ""),
+        "fused": "fused (one call a layer)"
+        + (", AMX tiles" if amx else ", AVX512-BF16 dot products" if "fused-f32" in kinds else ""),
+        "fused-dot": "fused, AVX512-BF16 dot products",
         "fused-f32": "fused, float32 arithmetic",
     }
     others = [w for w in kinds if w != "sdpa"]
