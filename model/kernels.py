@@ -21,6 +21,7 @@ log = logging.getLogger("qtrel.model")
 
 __all__ = [
     "OneDNNLinear",
+    "attention_path",
     "attention_probe",
     "choose_attention",
     "fused_max_tokens",
@@ -85,6 +86,12 @@ def fused_max_tokens(dtype: torch.dtype, head_size: int = 32) -> int:
     if dtype == torch.bfloat16 and fused_attention.bf16_dot() and "amx_bf16" not in cpu_flags():
         return 2**62
     return FUSED_MAX_TOKENS
+
+
+def attention_path(kind: str, dtype: str) -> str | None:
+    """Which code attends where `kind` is "fused", for /info (AMX tiles, AVX512-BF16 dot products or float32
+    arithmetic); None for torch's kernels."""
+    return fused_attention.path(getattr(torch, dtype)) if kind == "fused" else None
 
 
 def _dtype_of(module: nn.Module) -> torch.dtype:

@@ -3,8 +3,7 @@
 `RelevanceModel` joins the tokenizer and the module on one device and precision. Scores are always
 float32 and defined once, in `model.scoring`: probabilities per level, the expected level
 sum_k level_k * p(k) (a single number that ranks titles for a query), and the level chosen by the
-checkpoint's level rule.
-"""
+checkpoint's level rule."""
 
 from __future__ import annotations
 
@@ -17,13 +16,12 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor, nn
 
-from model import fused_attention
 from model.bert import BertForRelevance
 from model.checkpoint import CheckpointError, load_module, save_checkpoint
 from model.config import BertConfig
 from model.device import resolve_device, resolve_dtype
 from model.int8 import NO_VNNI, PLAN_FILE, Int8Plan, cpu_has_vnni
-from model.kernels import choose_attention, install_cpu_kernels, set_attention, warm_linear_shapes
+from model.kernels import attention_path, choose_attention, install_cpu_kernels, set_attention, warm_linear_shapes
 from model.levels import DEFAULT_LEVELS, MAX_BATCH_TOKENS
 from model.packing import length_batches, pad_batch, token_slices
 from model.parallel import ForwardWorkers, batch_budget, run_batches, workers_for
@@ -167,8 +165,7 @@ class RelevanceModel:
             "attention": self.attention,
             "attention_probe": self.attention_probe,
             "attention_reason": self.attention_reason,
-            # the fused kernel's code on this CPU (AMX tiles, AVX512-BF16 dot products or float32 arithmetic)
-            "attention_path": fused_attention.path(DTYPES[self.dtype]) if self.attention == "fused" else None,
+            "attention_path": attention_path(self.attention, self.dtype),
             "inference": self.inference,
             "inference_reason": self.inference_reason,
             "inference_probe": self.inference_probe,
