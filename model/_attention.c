@@ -270,13 +270,12 @@ BF16_TARGET static inline v16 vexp16_nonpos(v16 x) {
 
 /* The softmax of nb rows of scores (lp floats each, L real) as the other paths' (the row's max subtracted,
  * exp, normalised at the end; NaN where a score is NaN or infinite), on 16 lanes with the padding keys masked
- * out instead of computed: `scale` applied here, the weights written as bf16 to pb (zeros past L), and
- * w / their sum to inv. The masked lanes matter on Intel: exp of the padding's -inf came out as ~1e-38 and
- * every such lane cost the float pipeline an assist. With the rows' maxima in a pass of their own, this ran
- * 4x faster than softmax_row on Sapphire Rapids. The AVX512-BF16 and AMX paths use it. */
+ * out instead of set to -inf and exponentiated: `scale` applied here, the weights written as bf16 to pb
+ * (zeros past L), and w / their sum to inv. With the rows' maxima in a pass of their own (each row's chain
+ * short, so the core overlaps rows) this ran about 4x faster than softmax_row and its bf16 conversion on
+ * Sapphire Rapids, where that had been 65% of the kernel's time. The AVX512-BF16 and AMX paths use it. */
 BF16_TARGET static void softmax_rows(const float *s, uint16_t *pb, int64_t nb, int64_t L, int64_t lp, float scale,
                                     float w, float *inv) {
-    /* two passes over the rows, each row's chain short and independent of the next: the core overlaps rows */
     float mx[16];
     for (int64_t r0 = 0; r0 < nb; r0 += 16) {
         const int64_t n = nb - r0 < 16 ? nb - r0 : 16;
@@ -475,8 +474,8 @@ static int amx_usable(void) {
  * rows at a time as 16 x 16 tiles (Q: 16 rows x 32 bf16 of d; K^T as pairs of d, the layout `run_bf16` builds),
  * the softmax on AVX-512 as the other paths', the weights rounded to bf16, then the context as 16 x 16 tiles
  * (weights: 16 rows x 32 keys; V as pairs of keys). Keys are padded to a multiple of 32 with zero weights and
- * zero values. Five tiles: 0 and 3 accumulate, 1 takes the rows, 2 and 4 the columns. Scratch: kt2 (hs / 2) x lp u32, vv2
- * (lp / 2) x hs u32, qb TQ x hs bf16, s TQ x lp floats, pb TQ x lp bf16, ctx TQ x hs floats. */
+ * zero values. Five tiles: 0 and 3 accumulate, 1 takes the rows, 2 and 4 the columns. Scratch: kt2 (hs / 2)
+ * x lp u32, vv2 (lp / 2) x hs u32, qb TQ x hs bf16, s TQ x lp floats, pb TQ x lp bf16, ctx TQ x hs floats. */
 AMX_TARGET static void run_amx(const uint16_t *q, int64_t q_stride, const uint16_t *k, int64_t k_stride,
                                const uint16_t *v, int64_t v_stride, uint16_t *out, int64_t o_stride,
                                const int64_t *qstart, const int64_t *qlen, const int64_t *kstart, const int64_t *klen,
