@@ -69,6 +69,12 @@ INLINE void store8(int dtype, void *base, int64_t i, v8 x) {
     *(v8hu *)((uint16_t *)base + i) = __builtin_convertvector(r, v8h);
 }
 
+/* A silenced head (head mask 0): zeros in its columns of the pair's nq output rows from q0. */
+INLINE void silence(int dtype, void *out, int64_t o_stride, int64_t q0, int64_t nq, int64_t col, int64_t hs) {
+    for (int64_t i = 0; i < nq; i++)
+        for (int64_t d = 0; d < hs; d += 8) store8(dtype, out, (q0 + i) * o_stride + col + d, BC(0.0f));
+}
+
 /* __builtin_shufflevector: GCC 12 and clang alike */
 #define SHUF_lo(a, b) __builtin_shufflevector(a, b, 0, 8, 1, 9, 4, 12, 5, 13)
 #define SHUF_hi(a, b) __builtin_shufflevector(a, b, 2, 10, 3, 11, 6, 14, 7, 15)
@@ -206,8 +212,7 @@ CLONES static void run(int dtype, const void *q, int64_t q_stride, const void *k
         const int64_t col = h * hs;
         const float w = head_mask ? head_mask[h] : 1.0f;
         if (w == 0.0f) { /* a silenced head contributes zeros */
-            for (int64_t i = 0; i < nq; i++)
-                for (int64_t d = 0; d < hs; d += 8) store8(dtype, out, (q0 + i) * o_stride + col + d, BC(0.0f));
+            silence(dtype, out, o_stride, q0, nq, col, hs);
             continue;
         }
         for (int64_t j0 = 0; j0 < lp; j0 += 8) /* keys transposed, 8 x 8 at a time */
@@ -395,6 +400,44 @@ BF16_TARGET static void attend_bf16(const uint32_t *restrict kt2, const uint32_t
     }
 }
 
+/* One (pair, head)'s keys and values, from k0 on in columns col .. col + hs - 1, in the layouts both bf16 paths
+ * read (which are also AMX's VNNI layout). kt2: (hs / 2) x lp, the keys transposed as pairs of d (columns past L
+ * repeat the last key, never weighted). vv2: vrows x hs, the values interleaved by pairs of keys, the keys past L
+ * zero (an odd L's last pair; the AMX path's padding rows), so that a zero weight never meets junk. */
+BF16_TARGET static void pack_kv_bf16(const uint16_t *k, int64_t k_stride, const uint16_t *v, int64_t v_stride,
+                                     int64_t k0, int64_t col, int64_t L, int64_t lp, int64_t hs, int64_t vrows,
+                                     uint32_t *kt2, uint32_t *vv2) {
+    const int64_t h2 = hs / 2;
+    for (int64_t j0 = 0; j0 < lp; j0 += 8) { /* 8 keys x 8 pairs of d at a time */
+        const uint16_t *kr[8];
+        for (int i = 0; i < 8; i++) kr[i] = k + (k0 + (j0 + i < L ? j0 + i : L - 1)) * k_stride + col;
+        int64_t d2 = 0;
+        for (; d2 + 8 <= h2; d2 += 8) {
+            v8 r[8], c[8];
+            for (int i = 0; i < 8; i++) memcpy(&r[i], kr[i] + 2 * d2, 32);
+            transpose8(r, c); /* bits moved, not computed on */
+            for (int i = 0; i < 8; i++) ST(kt2 + (d2 + i) * lp + j0, c[i]);
+        }
+        for (; d2 < h2; d2++)
+            for (int i = 0; i < 8; i++) kt2[d2 * lp + j0 + i] = ld32(kr[i] + 2 * d2);
+    }
+    for (int64_t j2 = 0; j2 < vrows; j2++) {
+        uint32_t *row = vv2 + j2 * hs;
+        if (2 * j2 >= L) {
+            memset(row, 0, 4 * hs);
+            continue;
+        }
+        const uint16_t *a = v + (k0 + 2 * j2) * v_stride + col;
+        const uint16_t *b = 2 * j2 + 1 < L ? a + v_stride : NULL;
+        for (int64_t d = 0; d < hs; d += 8) {
+            const __m128i x = _mm_loadu_si128((const __m128i *)(a + d));
+            const __m128i y = b ? _mm_loadu_si128((const __m128i *)(b + d)) : _mm_setzero_si128();
+            _mm_storeu_si128((__m128i *)(row + d), _mm_unpacklo_epi16(x, y));
+            _mm_storeu_si128((__m128i *)(row + d + 4), _mm_unpackhi_epi16(x, y));
+        }
+    }
+}
+
 /* `run` for bfloat16 on AVX512-BF16: the same units, each through attend_bf16. */
 BF16_TARGET static void run_bf16(const uint16_t *q, int64_t q_stride, const uint16_t *k, int64_t k_stride,
                                  const uint16_t *v, int64_t v_stride, uint16_t *out, int64_t o_stride,
@@ -412,33 +455,10 @@ BF16_TARGET static void run_bf16(const uint16_t *q, int64_t q_stride, const uint
         const int64_t col = h * hs;
         const float w = head_mask ? head_mask[h] : 1.0f;
         if (w == 0.0f) {
-            for (int64_t i = 0; i < nq; i++)
-                for (int64_t d = 0; d < hs; d += 8) store8(1, out, (q0 + i) * o_stride + col + d, BC(0.0f));
+            silence(1, out, o_stride, q0, nq, col, hs);
             continue;
         }
-        for (int64_t j0 = 0; j0 < lp; j0 += 8) { /* keys transposed as pairs of d: 8 keys x 8 pairs at a time */
-            const uint16_t *kr[8];
-            for (int i = 0; i < 8; i++) kr[i] = k + (k0 + (j0 + i < L ? j0 + i : L - 1)) * k_stride + col;
-            int64_t d2 = 0;
-            for (; d2 + 8 <= h2; d2 += 8) {
-                v8 r[8], c[8];
-                for (int i = 0; i < 8; i++) memcpy(&r[i], kr[i] + 2 * d2, 32);
-                transpose8(r, c); /* bits moved, not computed on */
-                for (int i = 0; i < 8; i++) ST(kt2 + (d2 + i) * lp + j0, c[i]);
-            }
-            for (; d2 < h2; d2++)
-                for (int i = 0; i < 8; i++) kt2[d2 * lp + j0 + i] = ld32(kr[i] + 2 * d2);
-        }
-        for (int64_t j2 = 0; j2 < (L + 1) / 2; j2++) { /* values interleaved by pairs of keys */
-            const uint16_t *a = v + (k0 + 2 * j2) * v_stride + col;
-            const uint16_t *b = 2 * j2 + 1 < L ? a + v_stride : NULL;
-            for (int64_t d = 0; d < hs; d += 8) {
-                const __m128i x = _mm_loadu_si128((const __m128i *)(a + d));
-                const __m128i y = b ? _mm_loadu_si128((const __m128i *)(b + d)) : _mm_setzero_si128();
-                _mm_storeu_si128((__m128i *)(vv2 + j2 * hs + d), _mm_unpacklo_epi16(x, y));
-                _mm_storeu_si128((__m128i *)(vv2 + j2 * hs + d + 4), _mm_unpackhi_epi16(x, y));
-            }
-        }
+        pack_kv_bf16(k, k_stride, v, v_stride, k0, col, L, lp, hs, (L + 1) / 2, kt2, vv2);
         attend_bf16(kt2, vv2, q + q0 * q_stride + col, q_stride, scale, ctx, s, pb, L, lp, hs, nq);
         for (int64_t i = 0; i < nq; i++)
             for (int64_t d = 0; d < hs; d += 8)
@@ -470,12 +490,30 @@ static int amx_usable(void) {
     return syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XFEATURE_XTILEDATA */) == 0;
 }
 
+/* c (16 rows x 32 floats, c_stride bytes apart) = the sum over `steps` of a (16 rows x 32 bf16, a_stride bytes
+ * apart; each step 64 bytes on) times b (16 rows of VNNI pairs, b_stride bytes apart, its two 16-column tiles 64
+ * bytes apart; each step b_step bytes on). Tiles 0 and 3 accumulate, two products in flight; 1 takes a, 2 and 4 b. */
+AMX_TARGET static inline void tiles_16x32(const void *a, int64_t a_stride, const void *b, int64_t b_stride,
+                                          int64_t b_step, int64_t steps, float *c, int64_t c_stride) {
+    _tile_zero(0);
+    _tile_zero(3);
+    for (int64_t i = 0; i < steps; i++) {
+        _tile_loadd(1, (const char *)a + 64 * i, a_stride);
+        _tile_loadd(2, (const char *)b + b_step * i, b_stride);
+        _tile_loadd(4, (const char *)b + b_step * i + 64, b_stride);
+        _tile_dpbf16ps(0, 1, 2);
+        _tile_dpbf16ps(3, 1, 4);
+    }
+    _tile_stored(0, c, c_stride);
+    _tile_stored(3, c + 16, c_stride);
+}
+
 /* `run_bf16` on AMX tiles, for head sizes that are multiples of 32: per (pair, head), the scores of 16 query
  * rows at a time as 16 x 16 tiles (Q: 16 rows x 32 bf16 of d; K^T as pairs of d, the layout `run_bf16` builds),
  * the softmax on AVX-512 as the other paths', the weights rounded to bf16, then the context as 16 x 16 tiles
  * (weights: 16 rows x 32 keys; V as pairs of keys). Keys are padded to a multiple of 32 with zero weights and
- * zero values. Five tiles: 0 and 3 accumulate, 1 takes the rows, 2 and 4 the columns. Scratch: kt2 (hs / 2)
- * x lp u32, vv2 (lp / 2) x hs u32, qb TQ x hs bf16, s TQ x lp floats, pb TQ x lp bf16, ctx TQ x hs floats. */
+ * zero values (tiles_16x32 does the products). Scratch: kt2 (hs / 2) x lp u32, vv2 (lp / 2) x hs u32, qb TQ x hs
+ * bf16, s TQ x lp floats, pb TQ x lp bf16, ctx TQ x hs floats. */
 AMX_TARGET static void run_amx(const uint16_t *q, int64_t q_stride, const uint16_t *k, int64_t k_stride,
                                const uint16_t *v, int64_t v_stride, uint16_t *out, int64_t o_stride,
                                const int64_t *qstart, const int64_t *qlen, const int64_t *kstart, const int64_t *klen,
@@ -498,35 +536,10 @@ AMX_TARGET static void run_amx(const uint16_t *q, int64_t q_stride, const uint16
         const int64_t col = h * hs;
         const float w = head_mask ? head_mask[h] : 1.0f;
         if (w == 0.0f) {
-            for (int64_t i = 0; i < nq; i++)
-                for (int64_t d = 0; d < hs; d += 8) store8(1, out, (q0 + i) * o_stride + col + d, BC(0.0f));
+            silence(1, out, o_stride, q0, nq, col, hs);
             continue;
         }
-        for (int64_t j0 = 0; j0 < lp; j0 += 8) { /* keys transposed as pairs of d, as run_bf16 */
-            const uint16_t *kr[8];
-            for (int i = 0; i < 8; i++) kr[i] = k + (k0 + (j0 + i < L ? j0 + i : L - 1)) * k_stride + col;
-            for (int64_t d2 = 0; d2 < h2; d2 += 8) {
-                v8 r[8], c[8];
-                for (int i = 0; i < 8; i++) memcpy(&r[i], kr[i] + 2 * d2, 32);
-                transpose8(r, c);
-                for (int i = 0; i < 8; i++) ST(kt2 + (d2 + i) * lp + j0, c[i]);
-            }
-        }
-        for (int64_t j2 = 0; j2 < lp / 2; j2++) { /* values interleaved by pairs of keys, zeros past L */
-            uint32_t *row = vv2 + j2 * hs;
-            if (2 * j2 >= L) {
-                memset(row, 0, 4 * hs);
-                continue;
-            }
-            const uint16_t *a = v + (k0 + 2 * j2) * v_stride + col;
-            const uint16_t *b = 2 * j2 + 1 < L ? a + v_stride : NULL;
-            for (int64_t d = 0; d < hs; d += 8) {
-                const __m128i x = _mm_loadu_si128((const __m128i *)(a + d));
-                const __m128i y = b ? _mm_loadu_si128((const __m128i *)(b + d)) : _mm_setzero_si128();
-                _mm_storeu_si128((__m128i *)(row + d), _mm_unpacklo_epi16(x, y));
-                _mm_storeu_si128((__m128i *)(row + d + 4), _mm_unpackhi_epi16(x, y));
-            }
-        }
+        pack_kv_bf16(k, k_stride, v, v_stride, k0, col, L, lp, hs, lp / 2, kt2, vv2);
         for (int64_t i0 = 0; i0 < nq; i0 += TQ) {
             const int64_t nb = nq - i0 < TQ ? nq - i0 : TQ; /* tile rows past nb: stale, computed, never read */
             const uint16_t *qa = q + (q0 + i0) * q_stride + col; /* a whole tile of query rows: read in place */
@@ -537,34 +550,12 @@ AMX_TARGET static void run_amx(const uint16_t *q, int64_t q_stride, const uint16
                         _mm256_storeu_si256((__m256i *)(qb + r * hs + d), _mm256_loadu_si256((const __m256i *)(qa + r * q_stride + d)));
                 qa = qb, qs = hs;
             }
-            for (int64_t j = 0; j < lp; j += 32) { /* scores: 16 rows x 32 keys, two tiles in flight */
-                _tile_zero(0);
-                _tile_zero(3);
-                for (int64_t d = 0; d < hs; d += 32) {
-                    _tile_loadd(1, qa + d, 2 * qs);
-                    _tile_loadd(2, kt2 + d / 2 * lp + j, 4 * lp);
-                    _tile_loadd(4, kt2 + d / 2 * lp + j + 16, 4 * lp);
-                    _tile_dpbf16ps(0, 1, 2);
-                    _tile_dpbf16ps(3, 1, 4);
-                }
-                _tile_stored(0, s + j, 4 * lp);
-                _tile_stored(3, s + j + 16, 4 * lp);
-            }
+            for (int64_t j = 0; j < lp; j += 32) /* scores: 16 rows x 32 keys a call */
+                tiles_16x32(qa, 2 * qs, kt2 + j, 4 * lp, 64 * lp, hs / 32, s + j, 4 * lp);
             float inv[TQ];
             softmax_rows(s, pb, nb, L, lp, scale, w, inv);
-            for (int64_t d = 0; d < hs; d += 32) { /* context: 16 rows x 32 columns, two tiles in flight */
-                _tile_zero(0);
-                _tile_zero(3);
-                for (int64_t j = 0; j < lp; j += 32) {
-                    _tile_loadd(1, pb + j, 2 * lp);
-                    _tile_loadd(2, vv2 + j / 2 * hs + d, 4 * hs);
-                    _tile_loadd(4, vv2 + j / 2 * hs + d + 16, 4 * hs);
-                    _tile_dpbf16ps(0, 1, 2);
-                    _tile_dpbf16ps(3, 1, 4);
-                }
-                _tile_stored(0, ctx + d, 4 * hs);
-                _tile_stored(3, ctx + d + 16, 4 * hs);
-            }
+            for (int64_t d = 0; d < hs; d += 32) /* context: 16 rows x 32 columns a call */
+                tiles_16x32(pb, 2 * lp, vv2 + d, 4 * hs, 64 * hs, lp / 32, ctx + d, 4 * hs);
             for (int64_t r = 0; r < nb; r++) { /* rounded to nearest even, as torch does */
                 uint16_t *o = out + (q0 + i0 + r) * o_stride + col;
                 const __m512 wr = _mm512_set1_ps(inv[r]);
