@@ -51,7 +51,8 @@ class WeightOnly(nn.Module):
     def __init__(self, lin: nn.Linear):
         super().__init__()
         w = lin.weight.detach().float()
-        self.register_buffer("weight", torch.fake_quantize_per_channel_affine(w, scale(w), zeros(w), 0, -128, 127))
+        q = torch.fake_quantize_per_channel_affine(w, int8.weight_scale(w), zeros(w), 0, -128, 127)
+        self.register_buffer("weight", q)
         self.bias = lin.bias
 
     def forward(self, x: Tensor) -> Tensor:
@@ -75,12 +76,8 @@ class Trainable(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         x = torch.fake_quantize_per_tensor_affine(x / self.s, self.scale, self.zero, 0, 255)
         v = self.weight
-        w = torch.fake_quantize_per_channel_affine(v, scale(v.detach()), zeros(v), 0, -128, 127)
+        w = torch.fake_quantize_per_channel_affine(v, int8.weight_scale(v.detach()), zeros(v), 0, -128, 127)
         return F.linear(x, w, self.bias)
-
-
-def scale(w: Tensor) -> Tensor:
-    return w.abs().amax(1).clamp(min=1e-12) / 127
 
 
 def zeros(w: Tensor) -> Tensor:
@@ -89,11 +86,7 @@ def zeros(w: Tensor) -> Tensor:
 
 def swap(module: BertForRelevance, make) -> nn.Module:
     """A copy of `module` with every encoder linear replaced by `make(name, linear)`."""
-    m = copy.deepcopy(module).eval()
-    for name in int8.encoder_linears(module):
-        parent, _, attr = name.rpartition(".")
-        setattr(m.get_submodule(parent), attr, make(name, getattr(m.get_submodule(parent), attr)))
-    return m
+    return int8.replaced(module, int8.encoder_linears(module), make)
 
 
 def padded_batches(ref: RelevanceModel, enc, size: int = 32) -> list[tuple[list[int], tuple]]:
@@ -108,9 +101,10 @@ def padded_batches(ref: RelevanceModel, enc, size: int = 32) -> list[tuple[list[
 
 @torch.no_grad()
 def logits_of(module: nn.Module, batches, n: int) -> Tensor:
-    out = torch.empty(n, 5)
-    for b, padded in batches:
-        out[b] = module(*padded)[0].float()
+    got = [(b, module(*padded)[0].float()) for b, padded in batches]
+    out = torch.empty(n, got[0][1].shape[1])
+    for b, logits in got:
+        out[b] = logits
     return out
 
 

@@ -122,7 +122,7 @@ class FakeQuantLinear(nn.Module):
         self.register_buffer("inv_s", 1 / s)
         w = w * s
         self.register_buffer("weight", w)
-        self.register_buffer("w_scale", w.abs().amax(1).clamp(min=1e-12) / 127)
+        self.register_buffer("w_scale", weight_scale(w))
         self.register_buffer("w_zero", torch.zeros(w.shape[0], dtype=torch.int32))
         self.bias = None if lin.bias is None else nn.Parameter(lin.bias.detach().float(), requires_grad=False)
         self.scale, self.zero = plan.scale_zero
@@ -146,14 +146,26 @@ def encoder_linears(module: BertForRelevance) -> list[str]:
     return [n for n, m in module.named_modules() if isinstance(m, nn.Linear) and n.startswith("bert.layers.")]
 
 
+def weight_scale(w: Tensor) -> Tensor:
+    """Symmetric int8 scale per output channel of a (out, in) weight."""
+    return w.abs().amax(1).clamp(min=1e-12) / 127
+
+
+def replaced(
+    module: BertForRelevance, names: Sequence[str], make: Callable[[str, nn.Linear], nn.Module]
+) -> BertForRelevance:
+    """A copy of `module` in eval mode with each named linear replaced by `make(name, linear)`."""
+    q = copy.deepcopy(module).eval()
+    for name in names:
+        parent, _, attr = name.rpartition(".")
+        setattr(q.get_submodule(parent), attr, make(name, _linear(q, name)))
+    return q
+
+
 def apply(module: BertForRelevance, plan: Int8Plan) -> BertForRelevance:
     """A copy of the float32 `module` with the plan's linears quantise-dequantised (for export)."""
     plan.check(module)
-    q = copy.deepcopy(module).eval()
-    for name, p in plan.linears.items():
-        parent, _, attr = name.rpartition(".")
-        setattr(q.get_submodule(parent), attr, FakeQuantLinear(getattr(q.get_submodule(parent), attr), p))
-    return q
+    return replaced(module, list(plan.linears), lambda name, lin: FakeQuantLinear(lin, plan.linears[name]))
 
 
 Batch = tuple[Tensor, Tensor, Tensor]  # padded input ids, token types, attention mask
