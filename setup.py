@@ -11,6 +11,7 @@ setup(
             "model._attention",
             sources=["model/_attention.c"],
             extra_compile_args=["-O3", "-Wno-psabi"],
+            libraries=["m"],
             optional=True,
         )
     ]

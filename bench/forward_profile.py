@@ -31,6 +31,7 @@ from results import DOCS, command_line, machine, publish, update_section
 from torch.profiler import ProfilerActivity, profile, record_function
 
 import model.bert as bert
+from model import fused_attention
 from model.relevance import RelevanceModel
 
 SIZES = (8, 19, 32)
@@ -71,6 +72,8 @@ ATTENTION_KERNEL = "attention kernel (SDPA, math or fused)"
 def share_of(e, scopes: list[str]) -> str:
     if "qtrel::math_attention" in scopes or "scaled_dot_product" in e.name or e.name == "qtrel::fused_attention":
         return ATTENTION_KERNEL  # the fused kernel is one ctypes call: its scope's self time is the C code
+    if e.name == "qtrel::add_layer_norm":  # the fused residual add + LayerNorm: one ctypes call too
+        return "residual add + LayerNorm, fused"
     if "qtrel::pack" in scopes:
         return "packing (model.packing.pack)"
     if e.name.startswith("qtrel::"):
@@ -105,6 +108,7 @@ def instrument() -> None:
     bert.pack = scoped("qtrel::pack", bert.pack)
     bert.math_attention = scoped("qtrel::math_attention", bert.math_attention)  # _attend looks it up per call
     bert.packed_attention = scoped("qtrel::fused_attention", bert.packed_attention)  # likewise
+    fused_attention.add_layer_norm = scoped("qtrel::add_layer_norm", fused_attention.add_layer_norm)  # add_norm's
     bert.SelfAttention.forward_packed = scoped("qtrel::attention", bert.SelfAttention.forward_packed)
     bert.Embeddings.forward_packed = scoped("qtrel::embeddings", bert.Embeddings.forward_packed)
     bert.BertForRelevance.forward_packed = scoped("qtrel::forward", bert.BertForRelevance.forward_packed)

@@ -242,6 +242,46 @@ CLONES static void run(int dtype, const void *q, int64_t q_stride, const void *k
     }
 }
 
+/* Residual add and LayerNorm in one pass over the rows (qtrel_add_layer_norm): torch runs them as two ops, each
+ * a pass over memory and a dispatch, ~12% of the bfloat16 forward on Sapphire Rapids (docs/benchmarks.md). The
+ * sum stays float32 (torch rounds it to the dtype before the norm), so bfloat16 output can differ from torch's
+ * by one rounding. gb: 2 x width floats, gamma then beta, converted once per call; s: width floats of scratch. */
+INLINE float hsum8(v8 a) { return a[0] + a[1] + a[2] + a[3] + a[4] + a[5] + a[6] + a[7]; }
+
+CLONES static void add_norm(int dtype, const void *x, int64_t xs, const void *r, int64_t rs, const float *gb, void *out,
+                            int64_t os, int64_t i0, int64_t i1, int64_t width, float eps, float *s) {
+    const float inv = 1.0f / (float)width;
+    for (int64_t i = i0; i < i1; i++) {
+        v8 a[4] = {{0}}; /* four sums: one chain of dependent adds would cost its latency per step */
+        int64_t j = 0;
+        for (; j + 32 <= width; j += 32)
+            for (int u = 0; u < 4; u++) {
+                const v8 v = load8(dtype, x, i * xs + j + 8 * u) + load8(dtype, r, i * rs + j + 8 * u);
+                ST(s + j + 8 * u, v);
+                a[u] += v;
+            }
+        for (; j < width; j += 8) {
+            const v8 v = load8(dtype, x, i * xs + j) + load8(dtype, r, i * rs + j);
+            ST(s + j, v);
+            a[0] += v;
+        }
+        const float mean = hsum8((a[0] + a[1]) + (a[2] + a[3])) * inv;
+        v8 b[4] = {{0}};
+        for (j = 0; j + 32 <= width; j += 32) /* two passes, as torch: no cancellation on large means */
+            for (int u = 0; u < 4; u++) {
+                const v8 d = LD(s + j + 8 * u) - BC(mean);
+                b[u] += d * d;
+            }
+        for (; j < width; j += 8) {
+            const v8 d = LD(s + j) - BC(mean);
+            b[0] += d * d;
+        }
+        const float rstd = 1.0f / sqrtf(hsum8((b[0] + b[1]) + (b[2] + b[3])) * inv + eps);
+        for (j = 0; j < width; j += 8)
+            store8(dtype, out, i * os + j, (LD(s + j) - BC(mean)) * BC(rstd) * LD(gb + j) + LD(gb + width + j));
+    }
+}
+
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #include <immintrin.h>
 #define BF16_DOT 1
@@ -404,6 +444,59 @@ BF16_TARGET static void attend_bf16(const uint32_t *restrict kt2, const uint32_t
  * read (which are also AMX's VNNI layout). kt2: (hs / 2) x lp, the keys transposed as pairs of d (columns past L
  * repeat the last key, never weighted). vv2: vrows x hs, the values interleaved by pairs of keys, the keys past L
  * zero (an odd L's last pair; the AMX path's padding rows), so that a zero weight never meets junk. */
+/* add_norm on 16 lanes where the CPU has AVX512-BF16 (whose conversion rounds to nearest even, as store8 does):
+ * half the instructions of the 8-lane code, which ran at ~1/20 of the cache's bandwidth on Sapphire Rapids. */
+BF16_TARGET static inline __m512 ld16(int dtype, const void *base, int64_t i) {
+    if (dtype == 0) return _mm512_loadu_ps((const float *)base + i);
+    const __m256i h = _mm256_loadu_si256((const __m256i *)((const uint16_t *)base + i));
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+
+BF16_TARGET static inline void st16(int dtype, void *base, int64_t i, __m512 x) {
+    if (dtype == 0)
+        _mm512_storeu_ps((float *)base + i, x);
+    else
+        _mm256_storeu_si256((__m256i *)((uint16_t *)base + i), (__m256i)_mm512_cvtneps_pbh(x));
+}
+
+BF16_TARGET static void add_norm16(int dtype, const void *x, int64_t xs, const void *r, int64_t rs, const float *gb,
+                                   void *out, int64_t os, int64_t i0, int64_t i1, int64_t width, float eps, float *s) {
+    const float inv = 1.0f / (float)width;
+    for (int64_t i = i0; i < i1; i++) {
+        __m512 a[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
+        int64_t j = 0;
+        for (; j + 64 <= width; j += 64)
+            for (int u = 0; u < 4; u++) {
+                const __m512 v = _mm512_add_ps(ld16(dtype, x, i * xs + j + 16 * u), ld16(dtype, r, i * rs + j + 16 * u));
+                _mm512_storeu_ps(s + j + 16 * u, v);
+                a[u] = _mm512_add_ps(a[u], v);
+            }
+        for (; j < width; j += 16) {
+            const __m512 v = _mm512_add_ps(ld16(dtype, x, i * xs + j), ld16(dtype, r, i * rs + j));
+            _mm512_storeu_ps(s + j, v);
+            a[0] = _mm512_add_ps(a[0], v);
+        }
+        const __m512 mean = _mm512_set1_ps(
+            _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(a[0], a[1]), _mm512_add_ps(a[2], a[3]))) * inv);
+        __m512 b[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
+        for (j = 0; j + 64 <= width; j += 64)
+            for (int u = 0; u < 4; u++) {
+                const __m512 d = _mm512_sub_ps(_mm512_loadu_ps(s + j + 16 * u), mean);
+                b[u] = _mm512_fmadd_ps(d, d, b[u]);
+            }
+        for (; j < width; j += 16) {
+            const __m512 d = _mm512_sub_ps(_mm512_loadu_ps(s + j), mean);
+            b[0] = _mm512_fmadd_ps(d, d, b[0]);
+        }
+        const float var = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(b[0], b[1]), _mm512_add_ps(b[2], b[3])));
+        const __m512 rstd = _mm512_set1_ps(1.0f / sqrtf(var * inv + eps));
+        for (j = 0; j < width; j += 16) {
+            const __m512 y = _mm512_mul_ps(_mm512_sub_ps(_mm512_loadu_ps(s + j), mean), rstd);
+            st16(dtype, out, i * os + j, _mm512_fmadd_ps(y, _mm512_loadu_ps(gb + j), _mm512_loadu_ps(gb + width + j)));
+        }
+    }
+}
+
 BF16_TARGET static void pack_kv_bf16(const uint16_t *k, int64_t k_stride, const uint16_t *v, int64_t v_stride,
                                      int64_t k0, int64_t col, int64_t L, int64_t lp, int64_t hs, int64_t vrows,
                                      uint32_t *kt2, uint32_t *vv2) {
@@ -708,5 +801,71 @@ int qtrel_packed_attention(int dtype, const void *q, int64_t q_stride, const voi
     else
         gomp_parallel(team_member, &j, (unsigned)threads, 0);
     free(j.buf);
+    return 0;
+}
+
+/* 1: the 16-lane add_norm where it can run; 0: the 8-lane code everywhere (the tests compare the two) */
+int qtrel_norm16 = 1;
+
+typedef struct {
+    int dtype;
+    const void *x, *r;
+    void *out;
+    int64_t xs, rs, os, rows, width;
+    float eps;
+    const float *gb;
+    float *buf;
+    int parts;
+} norm_job_t;
+
+typedef void (*norm_fn)(int, const void *, int64_t, const void *, int64_t, const float *, void *, int64_t, int64_t,
+                        int64_t, int64_t, float, float *);
+
+/* The 16-lane code where the CPU has AVX512-BF16 and the rows split into 16s; the 8-lane clones elsewhere. */
+static norm_fn norm_code(int64_t width) {
+#ifdef BF16_DOT
+    static int wide = -1;
+    if (wide < 0) {
+        __builtin_cpu_init();
+        wide = __builtin_cpu_supports("avx512bf16") && __builtin_cpu_supports("avx512bw") &&
+               __builtin_cpu_supports("avx512vl");
+    }
+    if (wide && width % 16 == 0 && qtrel_norm16 != 0) return add_norm16;
+#endif
+    (void)width;
+    return add_norm;
+}
+
+static void norm_member(void *arg) {
+    norm_job_t *j = arg;
+    const norm_fn f = norm_code(j->width);
+    for (int t = omp_thread_num(), n = omp_num_threads(); t < j->parts; t += n)
+        f(j->dtype, j->x, j->xs, j->r, j->rs, j->gb, j->out, j->os, j->rows * t / j->parts, j->rows * (t + 1) / j->parts,
+          j->width, j->eps, j->buf + t * j->width);
+}
+
+/* out = LayerNorm(x + r) * gamma + beta, row by row; rows are `*s` elements apart and `out` may be x or r
+ * (each row is read whole before it is written). gamma and beta are in `dtype`, width of them. Returns 0;
+ * -1 when scratch memory cannot be had, -2 for a width that is not a multiple of 8 (nothing written then).
+ * `threads` > 1 splits the rows on the OpenMP team where one was handed over; the result is the same. */
+int qtrel_add_layer_norm(int dtype, const void *x, int64_t xs, const void *r, int64_t rs, const void *gamma,
+                         const void *beta, void *out, int64_t os, int64_t rows, int64_t width, float eps, int threads) {
+    if (width <= 0 || width % 8) return -2;
+    if (rows <= 0) return 0;
+    if (!gomp_parallel || threads > MAX_THREADS) threads = threads > MAX_THREADS ? MAX_THREADS : 1;
+    if (threads > rows) threads = (int)rows;
+    if (threads < 1) threads = 1;
+    float *buf = malloc(sizeof(float) * (size_t)(width * (2 + threads)));
+    if (!buf) return -1;
+    for (int64_t j = 0; j < width; j += 8) {
+        ST(buf + j, load8(dtype, gamma, j));
+        ST(buf + width + j, load8(dtype, beta, j));
+    }
+    norm_job_t job = {dtype, x, r, out, xs, rs, os, rows, width, eps, buf, buf + 2 * width, threads};
+    if (threads == 1)
+        norm_code(width)(dtype, x, xs, r, rs, buf, out, os, 0, rows, width, eps, job.buf);
+    else
+        gomp_parallel(norm_member, &job, (unsigned)threads, 0);
+    free(buf);
     return 0;
 }

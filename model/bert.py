@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from model.config import BertConfig
-from model.fused_attention import Rows, packed_attention, parallel
+from model.fused_attention import Rows, add_norm, packed_attention, parallel
 from model.packing import Packing, pack, token_bucket
 
 if TYPE_CHECKING:
@@ -245,6 +245,7 @@ class Layer(nn.Module):
         self.down: nn.Linear | OneDNNLinear = nn.Linear(cfg.intermediate_size, cfg.hidden_size)
         self.ffn_norm = nn.LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps)
         self.dropout = nn.Dropout(cfg.hidden_dropout_prob)
+        self.fused_norm = False  # the packed forward's add + norm in one pass (model.kernels.use_fused_norms)
 
     def forward(
         self, x: Tensor, bias: Tensor, head_mask: Tensor | None, return_probs: bool
@@ -262,13 +263,14 @@ class Layer(nn.Module):
 
     def forward_packed(self, x: Tensor, p: Packing, head_mask: Tensor | None) -> Tensor:
         """x: (N, H) packed tokens -> (N, H)."""
-        x = self.attn_norm(x + self.attn.forward_packed(x, p, head_mask))
-        return self.ffn_norm(x + self.down(self.act(self.up(x))))
+        x = add_norm(self.attn_norm, x, self.attn.forward_packed(x, p, head_mask), self.fused_norm)
+        return add_norm(self.ffn_norm, x, self.down(self.act(self.up(x))), self.fused_norm)
 
     def forward_packed_cls(self, x: Tensor, p: Packing, rows: Tensor, head_mask: Tensor | None) -> Tensor:
         """x: (N, H) packed tokens -> (M, H), this layer's output at `rows` (the [CLS] rows) only."""
-        h = self.attn_norm(x.index_select(0, rows) + self.attn.forward_packed_cls(x, p, rows, head_mask))
-        return self.ffn_norm(h + self.down(self.act(self.up(h))))
+        a = self.attn.forward_packed_cls(x, p, rows, head_mask)
+        h = add_norm(self.attn_norm, x.index_select(0, rows), a, self.fused_norm)
+        return add_norm(self.ffn_norm, h, self.down(self.act(self.up(h))), self.fused_norm)
 
 
 class Pooler(nn.Module):
@@ -337,8 +339,7 @@ class BertEncoder(nn.Module):
             x = layer.forward_packed(x, p, hm)
         hm = None if head_mask is None else head_mask[len(body), last.attn.heads].to(x.device)
         b = len(p.cls)
-        # [CLS] rows padded to a token bucket (copies of the first), so that the last layer's linears meet
-        # only the shapes that were warmed (model.kernels.warm_linear_shapes)
+        # [CLS] rows padded to a token bucket (copies of the first): the last layer's linears meet warmed shapes only
         rows = torch.cat([p.cls, p.cls[:1].expand(token_bucket(b) - b)])
         cls = last.forward_packed_cls(x, p, rows, hm)[:b]
         return torch.tanh(self.pooler.dense(cls)) if self.pooler is not None else cls

@@ -1,4 +1,5 @@
-"""The packed forward's attention in one call per layer (`model/_attention.c`, through ctypes).
+"""The packed forward's attention in one call per layer (`model/_attention.c`, through ctypes), and its residual
+add with LayerNorm in one pass (`add_layer_norm`).
 
 Why: torch's CPU attention kernels want padded (b, heads, t, d) blocks, so the packed forward gathered each
 group of similar-length pairs into one, attended, and scattered it back, a handful of ops per group and
@@ -21,7 +22,20 @@ import numpy as np
 import torch
 from torch import Tensor
 
-__all__ = ["Rows", "amx", "available", "bf16_dot", "bind", "packed_attention", "parallel", "path", "supports"]
+__all__ = [
+    "Rows",
+    "add_layer_norm",
+    "add_norm",
+    "amx",
+    "available",
+    "bf16_dot",
+    "bind",
+    "norm_supports",
+    "packed_attention",
+    "parallel",
+    "path",
+    "supports",
+]
 
 _DTYPES = {torch.float32: 0, torch.bfloat16: 1}
 _HERE = Path(__file__).parent
@@ -54,6 +68,8 @@ def bind(path: str | Path, openmp: bool = True) -> ctypes.CDLL:
     lib.qtrel_bf16_dot.restype = ctypes.c_int
     lib.qtrel_amx.argtypes = [ctypes.c_int]
     lib.qtrel_amx.restype = ctypes.c_int
+    lib.qtrel_add_layer_norm.argtypes = [ctypes.c_int, p, i, p, i, p, p, p, i, i, i, ctypes.c_float, ctypes.c_int]
+    lib.qtrel_add_layer_norm.restype = ctypes.c_int
     lib.qtrel_use_openmp.argtypes = [p, p, p]
     lib.qtrel_use_openmp.restype = None
     if openmp and (omp := _openmp()):
@@ -202,3 +218,48 @@ def packed_attention(
     if rc != 0:
         raise MemoryError("the fused attention kernel could not allocate its scratch memory")
     return out
+
+
+def norm_supports(norm: torch.nn.LayerNorm, dtype: torch.dtype) -> bool:
+    """Whether `add_layer_norm` computes `norm` in `dtype`: one normalised dimension, a multiple of 8 wide, with
+    weight and bias in `dtype` (float32 or bfloat16)."""
+    shape = norm.normalized_shape
+    return (
+        dtype in _DTYPES
+        and len(shape) == 1
+        and shape[0] % 8 == 0
+        and norm.weight is not None
+        and norm.bias is not None
+        and norm.weight.dtype == norm.bias.dtype == dtype
+    )
+
+
+def add_layer_norm(x: Tensor, r: Tensor, norm: torch.nn.LayerNorm, out: Tensor, threads: int | None = None) -> Tensor:
+    """`out` = norm(x + r) for matrices of rows, in one pass: the sum stays float32 (torch rounds it to the
+    dtype first). `out` may be `x` or `r`. `threads`: as `packed_attention`'s. Returns `out`."""
+    lib, why = _library()
+    if lib is None:
+        raise RuntimeError(f"the fused kernels are not available: {why}")
+    if not norm_supports(norm, x.dtype) or not (x.dtype == r.dtype == out.dtype):
+        raise ValueError(f"unsupported: {x.dtype} rows, a LayerNorm of {tuple(norm.normalized_shape)}")
+    width = norm.normalized_shape[0]
+    n = _rows(x, width, "x")
+    if _rows(r, width, "r") != n or _rows(out, width, "out") != n or x.shape[1] != width or r.shape[1] != width:
+        raise ValueError(f"x, r and out need the same rows, {width} wide")
+    threads = max(1, torch.get_num_threads() if threads is None else int(threads))
+    rc = lib.qtrel_add_layer_norm(
+        _DTYPES[x.dtype], x.data_ptr(), x.stride(0), r.data_ptr(), r.stride(0), norm.weight.data_ptr(),
+        norm.bias.data_ptr(), out.data_ptr(), out.stride(0), n, width, norm.eps, threads,
+    )  # fmt: skip
+    if rc != 0:
+        raise MemoryError("the fused add and LayerNorm could not allocate its scratch memory")
+    return out
+
+
+def add_norm(norm: torch.nn.LayerNorm, x: Tensor, r: Tensor, fused: bool) -> Tensor:
+    """norm(x + r), the packed forward's post-norm step: where `fused` (model.kernels.use_fused_norms) in one pass,
+    written over `r`, a sublayer's output that nothing else holds; torch's ops under autograd, which cannot
+    follow the kernel."""
+    if fused and not torch.is_grad_enabled():
+        return add_layer_norm(x, r, norm, out=r)
+    return norm(x + r)

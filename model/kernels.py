@@ -34,6 +34,7 @@ __all__ = [
     "probe",
     "set_attention",
     "use_fused_linears",
+    "use_fused_norms",
     "use_onednn_linears",
     "warm_linear_shapes",
 ]
@@ -158,9 +159,17 @@ class AttentionChoice(NamedTuple):
     kind: str  # "fused", "math" or "sdpa"
     probe: dict[str, float] | None  # the start-up probe's ms, where it ran
     reason: str
+    fused_norm: bool = False  # the residual adds and norms in the same C library (use_fused_norms)
 
 
 def choose_attention(module: nn.Module, dtype: torch.dtype, want: str = "auto") -> AttentionChoice:
+    """`_attention_kernel`'s choice; with it, where the C library runs and `want` is not "torch" (the operator's
+    switch off all of it), the residual adds and norms fused (`use_fused_norms`)."""
+    choice = _attention_kernel(module, dtype, want)
+    return choice._replace(fused_norm=want != "torch" and use_fused_norms(module, dtype))
+
+
+def _attention_kernel(module: nn.Module, dtype: torch.dtype, want: str) -> AttentionChoice:
     """Set the packed forward's attention kernel for this CPU and `dtype`, and say which and why. `want`:
     "torch", the per-group kernel ("math" or "sdpa" by `math_attention_pays`, which also serves where the fused
     one cannot run: several torch threads in one forward, autograd, long pairs); "fused", the fused one where it
@@ -184,6 +193,19 @@ def choose_attention(module: nn.Module, dtype: torch.dtype, want: str = "auto") 
     ratio = figures[grouped] / figures["fused"]
     reason = f"auto: probe on 32 pairs of 14-40 tokens, fused {ratio:.2f}x {grouped} (it serves from {PROBE_MARGIN}x)"
     return AttentionChoice(set_attention(module, kind), figures, reason)
+
+
+def use_fused_norms(module: nn.Module, dtype: torch.dtype) -> bool:
+    """Turn on the packed forward's fused residual add + LayerNorm (`model.fused_attention.add_layer_norm`) in
+    every layer where the library is built and computes `dtype` and the norms' shapes; say whether it is on.
+    No probe: on Sapphire Rapids the op ran 2.3-2.7x torch's two in bfloat16 at 216-830 rows (1.1x at 32), the
+    whole 1-thread forward 1.02-1.11x (bench/norm_ab.py, docs/benchmarks.md)."""
+    built, _ = fused_attention.available()
+    layers = [m for m in module.modules() if isinstance(m, Layer)]
+    on = built and all(fused_attention.norm_supports(n, dtype) for m in layers for n in (m.attn_norm, m.ffn_norm))
+    for m in layers:
+        m.fused_norm = on
+    return on
 
 
 def install_cpu_kernels(module: nn.Module, dtype: torch.dtype) -> str:

@@ -95,18 +95,17 @@ class RelevanceModel:
         self.attention = "sdpa"  # the packed forward's attention kernel (model.kernels.choose_attention)
         self.attention_probe: dict[str, float] | None = None  # its start-up timings, where it ran
         self.attention_reason = "RelevanceModel's default"
+        self.fused_norm = False  # the packed forward's residual add + LayerNorm in one pass (model.kernels)
         torch_dtype = DTYPES[dtype]  # None for int8
         if onednn and torch_dtype is not None and self.device.type == "cpu":
             self.cpu_kernels = install_cpu_kernels(module, torch_dtype)
             choice = choose_attention(module, torch_dtype, attention)
-            self.attention, self.attention_probe, self.attention_reason = choice.kind, choice.probe, choice.reason
+            self.attention, self.attention_probe, self.attention_reason, self.fused_norm = choice
         self.onednn = self.cpu_kernels == "onednn-packed"
-        # Without padding (model.packing.pack): measured on cpu only; cuda keeps padded batches.
-        self.unpadded = unpadded and self.device.type == "cpu"
+        self.unpadded = unpadded and self.device.type == "cpu"  # model.packing.pack; measured on cpu only
         self.module = module
         self.source: Path | None = None  # the checkpoint directory, where loaded from one (load())
-        # What runs the forward pass (use_inference): torch until a model process asks for OpenVINO.
-        self.inference = "torch"
+        self.inference = "torch"  # what runs the forward (use_inference) until a model process asks for OpenVINO
         self.inference_reason = "RelevanceModel's default"
         self.inference_probe: dict | None = None
         self._openvino: OpenVINOForward | None = None
@@ -166,6 +165,7 @@ class RelevanceModel:
             "attention_probe": self.attention_probe,
             "attention_reason": self.attention_reason,
             "attention_path": attention_path(self.attention, self.dtype),
+            "fused_norm": self.fused_norm,
             "inference": self.inference,
             "inference_reason": self.inference_reason,
             "inference_probe": self.inference_probe,

@@ -12,7 +12,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from model import bert
+from model import bert, fused_attention
 from model import kernels as kernel_layer
 from model.kernels import OneDNNLinear, onednn_available, onednn_pays, probe, warm_linear_shapes
 from model.packing import token_buckets
@@ -185,6 +185,9 @@ def test_broken_private_ops_fall_back_to_the_plain_layers(tiny_checkpoint, unpac
 
     fallback.warm_up(64)  # warms the plain layers without touching the broken ops
     fallback.use_attention(unpacked.attention)  # the attention kernel does not depend on the linears' probe
+    assert fallback.fused_norm == fused_attention.available()[0]  # nor do the fused norms; the reference runs torch's
+    for layer in fallback.module.bert.blocks:
+        layer.fused_norm = False
     got = fallback.logits(encoded.input_ids, encoded.token_type_ids)
     with torch.inference_mode():  # the plain layers, without padding: the same computation exactly
         same = unpacked.module.forward_packed(encoded.input_ids, encoded.token_type_ids)

@@ -447,10 +447,11 @@ def test_attention_setting_reaches_the_model_processes(tiny_checkpoint, attentio
     model = info["model"]
     if attention == "torch":
         assert model["attention"] == "sdpa" and model["attention_reason"] == "asked for torch's kernels"
-        assert model["attention_path"] is None
+        assert model["attention_path"] is None and model["fused_norm"] is False  # none of the C code
     elif fused_attention.available()[0]:
         assert model["attention"] == "fused" and model["attention_reason"] == "asked for the fused kernel"
         assert model["attention_path"] == fused_attention.path(getattr(torch, model["dtype"]))
+        assert model["fused_norm"] is True
     else:
         assert model["attention"] == "sdpa" and "fused kernel unavailable" in model["attention_reason"]
     assert model["attention_probe"] is None  # asked for: nothing probed
