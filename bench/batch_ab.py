@@ -30,6 +30,7 @@ from model_speed import export_onnx, hf_model, make_batches, read_pairs
 from results import command_line, machine, publish
 
 from model import fused_attention
+from model.bert import Layer
 from model.relevance import RelevanceModel
 
 Step = Callable[[int], object]  # runs batch i
@@ -100,6 +101,19 @@ def main() -> int:
                 fused_attention.amx(True)
 
         steps[f"qtrel, fused attention without AMX ({short})"] = without_amx
+    if m.fused_norm:  # torch's residual adds and LayerNorms in the same forward: the fused norm's share here
+        layers = [x for x in m.module.modules() if isinstance(x, Layer)]
+
+        def torch_norms(i: int) -> object:
+            for x in layers:
+                x.fused_norm = False
+            try:
+                return m.logits(*lists[i])
+            finally:
+                for x in layers:
+                    x.fused_norm = True
+
+        steps[f"qtrel default, torch's add + LayerNorm ({short})"] = torch_norms
     versions = {"torch": torch.__version__}
     anchor = None
     with tempfile.TemporaryDirectory(prefix="qtrel-batch-ab-") as tmp:

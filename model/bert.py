@@ -101,9 +101,10 @@ class SelfAttention(nn.Module):
         self.out: nn.Linear | OneDNNLinear = nn.Linear(inner, cfg.hidden_size)
         self.dropout_p = cfg.attention_probs_dropout_prob
         self.qkv: OneDNNLinear | nn.Linear | None = None  # fused q/k/v projection, set by model.kernels
-        # Instead of qkv in the last layer (model.kernels): q for the [CLS] rows apart from k/v for every token.
+        # Instead of qkv in the last layer (model.kernels): q for the [CLS] rows apart from k and v for every token
         self.cls_q: OneDNNLinear | nn.Linear | None = None
-        self.cls_kv: OneDNNLinear | nn.Linear | None = None
+        self.cls_k: OneDNNLinear | nn.Linear | None = None
+        self.cls_v: OneDNNLinear | nn.Linear | None = None
         # the packed forward's kernel, set by model.kernels: "fused" (model.fused_attention: one call over every
         # pair's rows in place) or a per-group one, `grouped`: "sdpa" (torch's) or "math"
         self.kernel = "sdpa"
@@ -148,24 +149,23 @@ class SelfAttention(nn.Module):
         """q, k and v of `x`, concatenated along the last dimension, from whichever layers model.kernels left."""
         if self.qkv is not None:
             return self.qkv(x)
-        if self.cls_q is not None and self.cls_kv is not None:
-            return torch.cat([self.cls_q(x), self.cls_kv(x)], dim=-1)
-        return torch.cat([self.query(x), self.key(x), self.value(x)], dim=-1)
+        return torch.cat(self._cls_projections(x, x), dim=-1)
 
-    def _cls_projections(self, x: Tensor, x_cls: Tensor) -> tuple[Tensor, Tensor]:
-        """q for `x_cls` and k/v (concatenated) for `x`, along the last dimension: model.kernels splits the
-        last layer's projections so (cls_q, cls_kv); the plain module has query, key and value."""
-        if self.cls_kv is not None and self.cls_q is not None:
-            return self.cls_q(x_cls), self.cls_kv(x)
-        return self.query(x_cls), torch.cat([self.key(x), self.value(x)], dim=-1)
+    def _cls_projections(self, x: Tensor, x_cls: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """q for `x_cls`, k and v for `x`: from cls_q, cls_k and cls_v where model.kernels split the last layer's
+        projections so (k and v apart: their shape is the output layer's, whose oneDNN kernels are built anyway,
+        where one k/v layer cost ~50 MB of kernels for its own shape), else from query, key and value."""
+        if self.cls_q is not None and self.cls_k is not None and self.cls_v is not None:
+            return self.cls_q(x_cls), self.cls_k(x), self.cls_v(x)
+        return self.query(x_cls), self.key(x), self.value(x)
 
     def forward_cls(self, x: Tensor, bias: Tensor, head_mask: Tensor | None) -> Tensor:
         """The padded forward's attention output at [CLS] only (the last layer, when nothing else of it is
         read): x (B, T, H) -> (B, 1, H); keys and values still come from every token."""
         B, T, _ = x.shape
         nh, hs = len(self.heads), self.head_size
-        q, kv = self._cls_projections(x, x[:, :1])
-        k, v = kv.view(B, T, 2, nh, hs).permute(2, 0, 3, 1, 4)
+        q, k, v = self._cls_projections(x, x[:, :1])
+        k, v = (t.view(B, T, nh, hs).transpose(1, 2) for t in (k, v))
         ctx = F.scaled_dot_product_attention(q.view(B, 1, nh, hs).transpose(1, 2), k, v, attn_mask=bias)
         if head_mask is not None:
             ctx = ctx * head_mask.view(1, nh, 1, 1).to(ctx.dtype)
@@ -213,7 +213,7 @@ class SelfAttention(nn.Module):
         `rows` (M,) the packed pairs' [CLS] rows, padded to a token bucket -> (M, H); keys and values
         still come from every token."""
         nh, hs = len(self.heads), self.head_size
-        q, kv = self._cls_projections(x, x.index_select(0, rows))
+        q, k_all, v_all = self._cls_projections(x, x.index_select(0, rows))
         w, b = nh * hs, len(p.lengths)
         n = p.longer_than(self.fused_max) if self._fused() else b
         ctx = q.new_zeros(len(q), w)  # rows past the pairs' (bucket filler) stay zero
@@ -221,10 +221,10 @@ class SelfAttention(nn.Module):
             cls = p.memo(
                 "cls rows", lambda: Rows(np.arange(n, b), np.ones(b - n, np.int64), p.starts[n:], p.lengths[n:])
             )
-            packed_attention(q, kv[:, :w], kv[:, w:], ctx, cls, nh, hs, head_mask)
+            packed_attention(q, k_all, v_all, ctx, cls, nh, hs, head_mask)
         start = 0
         for g in p.groups_of_first(n) if n else []:  # groups hold consecutive packed pairs, as `rows` does
-            k, v = kv.index_select(0, g.gather).view(g.b, g.t, 2, nh, hs).permute(2, 0, 3, 1, 4)
+            k, v = (t.index_select(0, g.gather).view(g.b, g.t, nh, hs).transpose(1, 2) for t in (k_all, v_all))
             c = self._attend(q[start : start + g.b].view(g.b, nh, 1, hs), k, v, g.bias)  # (b, nh, 1, hs)
             if head_mask is not None:
                 c = c * head_mask.view(1, nh, 1, 1).to(c.dtype)

@@ -237,13 +237,15 @@ def _fused(lin: type, weights: list[nn.Linear]) -> OneDNNLinear | nn.Linear:
 
 
 def _fuse_projections(model: nn.Module, lin: type) -> None:
-    """q/k/v as one layer, except in the last layer: q apart from k/v there, since the packed forward needs
-    q for the [CLS] rows only (model.bert). Each weight is kept once."""
+    """q/k/v as one layer, except in the last layer: q, k and v apart there, since the packed forward needs
+    q for the [CLS] rows only (model.bert), and k and v then have the output layer's shape, whose oneDNN kernels
+    exist anyway (a k/v layer of its own shape cost ~50 MB of kernels over the warm-up ladder). Each weight is
+    kept once."""
     layers = [m for m in model.modules() if isinstance(m, Layer)]
     for i, layer in enumerate(layers):
         a = layer.attn
         if i == len(layers) - 1:
-            a.cls_q, a.cls_kv = _fused(lin, [a.query]), _fused(lin, [a.key, a.value])
+            a.cls_q, a.cls_k, a.cls_v = _fused(lin, [a.query]), _fused(lin, [a.key]), _fused(lin, [a.value])
         else:
             a.qkv = _fused(lin, [a.query, a.key, a.value])
         del a.query, a.key, a.value
@@ -283,7 +285,7 @@ def warm_linear_shapes(module: BertForRelevance, max_tokens: int) -> int:
     for m in module.modules():
         if isinstance(m, Layer):
             a = m.attn
-            lins = [x for x in (a.qkv, a.cls_q, a.cls_kv) if x is not None] or [a.query, a.key, a.value]
+            lins = [x for x in (a.qkv, a.cls_q, a.cls_k, a.cls_v) if x is not None] or [a.query, a.key, a.value]
             for lin in lins + [a.out, m.up, m.down]:
                 fan_in = lin.weight_in if isinstance(lin, OneDNNLinear) else lin.in_features
                 seen.setdefault((type(lin), fan_in, lin.out_features, getattr(lin, "act", None)), (lin, fan_in))
