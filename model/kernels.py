@@ -198,8 +198,8 @@ def _attention_kernel(module: nn.Module, dtype: torch.dtype, want: str) -> Atten
 def use_fused_norms(module: nn.Module, dtype: torch.dtype) -> bool:
     """Turn on the packed forward's fused residual add + LayerNorm (`model.fused_attention.add_layer_norm`) in
     every layer where the library is built and computes `dtype` and the norms' shapes; say whether it is on.
-    No probe: on Sapphire Rapids the op ran 2.3-2.7x torch's two in bfloat16 at 216-830 rows (1.1x at 32), the
-    whole 1-thread forward 1.02-1.11x (bench/norm_ab.py, docs/benchmarks.md)."""
+    No probe: on Sapphire Rapids the op ran 2.1-2.6x torch's two in bfloat16 at 216-830 rows (1.1x at 32), the
+    whole 1-thread forward 1.06-1.07x (bench/norm_ab.py, docs/benchmarks.md)."""
     built, _ = fused_attention.available()
     layers = [m for m in module.modules() if isinstance(m, Layer)]
     on = built and all(fused_attention.norm_supports(n, dtype) for m in layers for n in (m.attn_norm, m.ffn_norm))

@@ -31,6 +31,7 @@ from service.runtime.backend import (
     Result,
     State,
     StateMachine,
+    Stop,
 )
 from service.runtime.backend_process import ProcessBackend
 from service.runtime.backend_thread import ThreadBackend
@@ -96,6 +97,49 @@ def test_messages_are_frozen_and_pickle():
 
 
 # --- the model side -----------------------------------------------------------------------------
+def test_model_process_hands_memory_back_once_idle(tiny_checkpoint, monkeypatch):
+    """The model process's loop (child_main, here on a thread over a real pipe): after a job and IDLE_TRIM_S
+    without another, the memory its batches freed goes back to the OS, once; not while jobs keep coming, and
+    not again until one has run."""
+    import multiprocessing as mp
+
+    from service.runtime import backend_process
+
+    trims: list[float] = []
+    monkeypatch.setattr(backend_process, "release_free_memory", lambda: trims.append(time.monotonic()))
+    monkeypatch.setattr(backend_process, "IDLE_TRIM_S", 0.3)
+    monkeypatch.setattr(signal, "signal", lambda *a: None)  # a process's own business, refused off the main thread
+    ours, theirs = mp.Pipe()
+
+    def reply():
+        assert ours.poll(60), "no reply from the model loop"
+        return ours.recv()
+
+    child = threading.Thread(target=backend_process.child_main, args=(theirs, LoadSpec(str(tiny_checkpoint))))
+    child.start()
+    try:
+        assert isinstance(reply(), Loaded)
+        batch = Forward([([101, 7, 102, 8, 102], [0, 0, 0, 1, 1])])
+        for _ in range(4):  # jobs 0.1 s apart: never idle long enough
+            ours.send(batch)
+            assert isinstance(reply(), Result)
+            answered = time.monotonic()
+            time.sleep(0.1)
+        assert trims == []
+        time.sleep(0.8)
+        assert len(trims) == 1 and trims[0] - answered >= 0.25  # once, after the idle time
+        time.sleep(0.5)
+        assert len(trims) == 1  # nothing ran since
+        ours.send(batch)
+        assert isinstance(reply(), Result)
+        time.sleep(0.8)
+        assert len(trims) == 2
+    finally:
+        ours.send(Stop())
+        child.join(10)
+    assert not child.is_alive()
+
+
 @pytest.fixture(scope="module")
 def model(tiny_checkpoint):
     return RelevanceModel.load(tiny_checkpoint)
