@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 from anchors import isa, isa_line, slug_of
-from model_speed import read_pairs
+from model_speed import consecutive_batches
 from results import command_line, machine, publish
 
 from model import fused_attention
@@ -78,11 +78,7 @@ def main() -> int:
     m = RelevanceModel.load(a.model, dtype="auto")
     m.warm_up()
     shipped = m.attention
-    enc = m.encode(read_pairs(max(SIZES) * a.batches))
-    data = {
-        b: [(enc.input_ids[i : i + b], enc.token_type_ids[i : i + b]) for i in range(0, b * a.batches, b)]
-        for b in SIZES
-    }
+    data = consecutive_batches(m, SIZES, a.batches)
     res: dict = {}
     kinds = ("sdpa", "math") + (("fused",) if fused_attention.available()[0] else ())
     amx = m.dtype == "bfloat16" and fused_attention.amx()

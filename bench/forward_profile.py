@@ -26,7 +26,7 @@ from pathlib import Path
 
 import torch
 from anchors import Pause, isa, isa_line, slug_of
-from model_speed import read_pairs
+from model_speed import consecutive_batches
 from results import DOCS, command_line, machine, publish, update_section
 from torch.profiler import ProfilerActivity, profile, record_function
 
@@ -187,15 +187,7 @@ def main() -> int:
     m = RelevanceModel.load(a.model, dtype="auto")
     m.warm_up()
     instrument()
-    pairs = read_pairs(max(SIZES) * a.batches)
-    enc = m.encode(pairs)
-    data = {
-        b: [
-            (enc.input_ids[i : i + b], enc.token_type_ids[i : i + b])
-            for i in range(0, b * a.batches, b)  # consecutive dev pairs in file order
-        ]
-        for b in SIZES
-    }
+    data = consecutive_batches(m, SIZES, a.batches)
     report = {
         "isa_line": isa_line(isa()),
         "machine": machine(),

@@ -54,6 +54,14 @@ def read_pairs(n: int) -> list[tuple[str, str]]:
         return [(r["query"], r["title"]) for _, r in zip(range(n), csv.DictReader(f))]
 
 
+def consecutive_batches(m, sizes: tuple[int, ...], count: int) -> dict[int, list[tuple[list, list]]]:
+    """Per batch size, `count` batches of consecutive dev pairs in file order (a server's mix of lengths), as
+    (input_ids, token_type_ids) for `m.logits`: the batches of the forward A/Bs and profile."""
+    enc = m.encode(read_pairs(max(sizes) * count))
+    ids, seg = enc.input_ids, enc.token_type_ids
+    return {b: [(ids[i : i + b], seg[i : i + b]) for i in range(0, b * count, b)] for b in sizes}
+
+
 def make_batches(tok: PairTokenizer, pairs: list[tuple[str, str]]) -> list[Batch]:
     enc = tok.encode([q for q, _ in pairs], [t for _, t in pairs])
     order = sorted(range(len(enc)), key=enc.lengths.__getitem__)

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 from anchors import isa, isa_line, slug_of
-from model_speed import read_pairs
+from model_speed import consecutive_batches
 from results import command_line, machine, publish
 from torch import nn
 
@@ -78,11 +78,7 @@ def main() -> int:
     layers = [x for x in m.module.modules() if isinstance(x, Layer)]
     width = layers[0].attn_norm.normalized_shape[0]
     dtype = m.module.bert.embeddings.word.weight.dtype
-    enc = m.encode(read_pairs(max(SIZES) * a.batches))
-    data = {
-        b: [(enc.input_ids[i : i + b], enc.token_type_ids[i : i + b]) for i in range(0, b * a.batches, b)]
-        for b in SIZES
-    }
+    data = consecutive_batches(m, SIZES, a.batches)
     ms: dict[tuple[int, bool], list[float]] = {(b, f): [] for b in SIZES for f in (False, True)}
     out: dict[tuple[int, bool], torch.Tensor] = {}
     try:
