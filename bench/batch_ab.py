@@ -66,7 +66,7 @@ def main() -> int:
         x.warm_up()
         return x
 
-    m, flash, plain_norms, no_amx = load(), load(), load(), load()
+    m, flash = load(), load()
     flash.use_attention("sdpa")
     tok = m.tokenizer
     pairs = read_pairs(a.pairs)
@@ -94,6 +94,7 @@ def main() -> int:
         f"transformers ({short}, sdpa)": transformers,
     }
     if amx:  # the same kernel on AVX512-BF16 dot products, as on a CPU without AMX
+        no_amx = load()
 
         def without_amx(i: int) -> object:
             fused_attention.amx(False)
@@ -104,6 +105,7 @@ def main() -> int:
 
         steps[f"qtrel, fused attention without AMX ({short})"] = without_amx
     if m.fused_norm:  # torch's residual adds and LayerNorms in the same forward: the fused norm's share here
+        plain_norms = load()
         for x in plain_norms.module.modules():
             if isinstance(x, Layer):
                 x.fused_norm = False

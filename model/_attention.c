@@ -686,18 +686,22 @@ int qtrel_amx(int want) {
     return amx;
 }
 
+/* Whether this CPU runs the BF16_TARGET code (attend_bf16, add_norm16). */
+static int cpu_bf16_code(void) {
+#ifdef BF16_DOT
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx512bf16") && __builtin_cpu_supports("avx512vl") &&
+           __builtin_cpu_supports("avx512bw");
+#else
+    return 0;
+#endif
+}
+
 /* -1 until asked: then whether this CPU runs attend_bf16; qtrel_bf16_dot(0) turns it off (the A/Bs). */
 static int bf16_dot = -1;
 
 int qtrel_bf16_dot(int want) {
-#ifdef BF16_DOT
-    __builtin_cpu_init();
-    const int can = __builtin_cpu_supports("avx512bf16") && __builtin_cpu_supports("avx512vl") &&
-                    __builtin_cpu_supports("avx512bw");
-#else
-    const int can = 0;
-#endif
-    if (want >= 0 || bf16_dot < 0) bf16_dot = can && want != 0;
+    if (want >= 0 || bf16_dot < 0) bf16_dot = cpu_bf16_code() && want != 0;
     return bf16_dot;
 }
 
@@ -715,6 +719,14 @@ void qtrel_use_openmp(void *parallel, void *thread_num, void *num_threads) {
 }
 
 #define MAX_THREADS 256
+
+/* The parts a call splits into: as many as asked, at most MAX_THREADS and `units`, one without a team. */
+static int team_size(int threads, int64_t units) {
+    if (!gomp_parallel || threads > MAX_THREADS) threads = threads > MAX_THREADS ? MAX_THREADS : 1;
+    if (threads > units) threads = (int)units;
+    return threads < 1 ? 1 : threads;
+}
+
 typedef struct {
     int dtype;
     const void *q, *k, *v;
@@ -776,9 +788,7 @@ int qtrel_packed_attention(int dtype, const void *q, int64_t q_stride, const voi
     if (amx < 0) qtrel_amx(-1);
     const int64_t units = npairs * nh;
     work *= nh;
-    if (!gomp_parallel || threads > MAX_THREADS) threads = threads > MAX_THREADS ? MAX_THREADS : 1;
-    if (threads > units) threads = (int)units;
-    if (threads < 1) threads = 1;
+    threads = team_size(threads, units);
     const int64_t maxlp = (maxk + 15) / 16 * 16;
     job_t j = {dtype, q, k, v, out, q_stride, k_stride, v_stride, o_stride, nh, hs, maxk, maxq,
                hs * maxlp + maxk * hs + 2 * maxq * hs + QB * maxlp, qstart, qlen, kstart, klen, scale, head_mask};
@@ -825,11 +835,7 @@ typedef void (*norm_fn)(int, const void *, int64_t, const void *, int64_t, const
 static norm_fn norm_code(int64_t width) {
 #ifdef BF16_DOT
     static int wide = -1;
-    if (wide < 0) {
-        __builtin_cpu_init();
-        wide = __builtin_cpu_supports("avx512bf16") && __builtin_cpu_supports("avx512bw") &&
-               __builtin_cpu_supports("avx512vl");
-    }
+    if (wide < 0) wide = cpu_bf16_code();
     if (wide && width % 16 == 0 && qtrel_norm16 != 0) return add_norm16;
 #endif
     (void)width;
@@ -852,9 +858,7 @@ int qtrel_add_layer_norm(int dtype, const void *x, int64_t xs, const void *r, in
                          const void *beta, void *out, int64_t os, int64_t rows, int64_t width, float eps, int threads) {
     if (width <= 0 || width % 8) return -2;
     if (rows <= 0) return 0;
-    if (!gomp_parallel || threads > MAX_THREADS) threads = threads > MAX_THREADS ? MAX_THREADS : 1;
-    if (threads > rows) threads = (int)rows;
-    if (threads < 1) threads = 1;
+    threads = team_size(threads, rows);
     float *buf = malloc(sizeof(float) * (size_t)(width * (2 + threads)));
     if (!buf) return -1;
     for (int64_t j = 0; j < width; j += 8) {
