@@ -18,6 +18,9 @@ def test_token_buckets_are_few_tight_and_cover_every_count():
     for n in range(1, 8193):
         b = token_bucket(n)
         assert n <= b <= n * 1.125 + 15 and b in ladder
+        if n <= 64:  # small batches: a one-pair forward's rows, the last layer's [CLS] rows
+            assert b < 2 * n and b - n < 8
+    assert token_bucket(0) == 0
 
 
 def test_pad_batch_right_pads_every_pair_to_the_longest():
