@@ -3,7 +3,8 @@
 The offline target is a ratio against the best anchor; a ratio the core cannot reach is no target. This probe
 measures what one core issues: a loop of 12 independent multiply-add chains of one instruction (AVX2 and
 AVX-512 float32 FMA, AVX512-BF16 `vdpbf16ps`, AVX512-VNNI `vpdpbusd`), compiled here with gcc, each only
-where the CPU has it. Beside it, torch's linear (oneDNN) on the encoder's four shapes at 1 thread. The ceiling
+where the CPU has it. Beside it, the pre-packed oneDNN linear qtrel runs (model.onednn) on the encoder's four shapes
+at 1 thread. The ceiling
 on qtrel's offline ratio is then: peak ÷ the anchor's useful GFLOP/s (bench/batch_ab.py), since qtrel's
 forward already does the fewest multiply-adds the model allows (the [CLS]-only last layer, no padding).
 AMX is not probed (its tiles need the kernel's permission and a tile configuration).
@@ -26,8 +27,10 @@ from pathlib import Path
 import torch
 from anchors import isa, isa_line, slug_of
 from results import command_line, machine, publish
+from torch import nn
 
 from model.device import cpu_flags
+from model.onednn import OneDNNLinear, onednn_available
 
 SOURCE = r"""
 #include <immintrin.h>
@@ -64,7 +67,12 @@ KERNELS = {
     "vnni512": ({"avx512f", "avx512_vnni"}, 128, "int8, AVX512-VNNI vpdpbusd (16 lanes x 4 pairs)"),
 }
 CHAINS = 12
-SHAPES = {"q/k/v (384→384)": (384, 384), "FFN up (384→1536)": (384, 1536), "FFN down (1536→384)": (1536, 384)}
+SHAPES = {
+    "q/k/v fused (384→1152)": (384, 1152),
+    "attention out (384→384)": (384, 384),
+    "FFN up (384→1536)": (384, 1536),
+    "FFN down (1536→384)": (1536, 384),
+}
 
 
 def build(tmp: Path) -> ctypes.CDLL:
@@ -91,19 +99,25 @@ def gops(fn, ops_per_iter: float, seconds: float, repeats: int, threads: int = 1
     iters = max(1, int(iters * seconds / dt))
     out = []
     for _ in range(repeats):
-        with ThreadPoolExecutor(threads) as pool:
-            t0 = time.perf_counter()
-            list(pool.map(fn, [iters] * threads))
-            out.append(threads * ops_per_iter * iters / (time.perf_counter() - t0) / 1e9)
+        t0 = time.perf_counter()
+        if threads == 1:  # on this thread: a new one would not have torch's thread count (its OpenMP team is its own)
+            fn(iters)
+        else:
+            with ThreadPoolExecutor(threads) as pool:
+                t0 = time.perf_counter()
+                list(pool.map(fn, [iters] * threads))
+        out.append(threads * ops_per_iter * iters / (time.perf_counter() - t0) / 1e9)
     return out
 
 
 def linear_gflops(dtype: torch.dtype, k: int, n: int, rows: int, seconds: float, repeats: int) -> list[float]:
+    """The linear layer qtrel's forward runs: oneDNN with the weight pre-packed where this torch has it."""
     g = torch.Generator().manual_seed(0)
     x, w, b = torch.randn(rows, k, generator=g), torch.randn(n, k, generator=g), torch.randn(n, generator=g)
     x, w, b = x.to(dtype), w.to(dtype), b.to(dtype)
+    lin = OneDNNLinear(w, b) if onednn_available(dtype) else nn.Linear(k, n).to(dtype)
     with torch.inference_mode():
-        calls = lambda it: [torch.nn.functional.linear(x, w, b) for _ in range(it)]  # noqa: E731
+        calls = lambda it: [lin(x) for _ in range(it)]  # noqa: E731
         return gops(calls, 2 * rows * k * n, seconds, repeats)
 
 
@@ -156,7 +170,7 @@ def main() -> int:
             f"| {KERNELS[name][2]} | {statistics.median(g):.0f} ({min(g):.0f}–{max(g):.0f}) | "
             f"{statistics.median(g2):.0f} ({min(g2):.0f}–{max(g2):.0f}) | {statistics.median(g2) / cores:.0f} |"
         )
-    lines += ["", f"torch's linear (oneDNN) on {a.rows} rows, GFLOP/s (share of the same precision's peak):", ""]
+    lines += ["", f"The pre-packed oneDNN linear on {a.rows} rows, GFLOP/s (share of the same precision's peak):", ""]
     lines += ["| linear | " + " | ".join(linears) + " |", "|---|" + "---:|" * len(linears)]
     peak_of = {"float32": "fma512" if "fma512" in peaks else "fma256", "bfloat16": "bf16dot512"}
     for s in SHAPES:
