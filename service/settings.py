@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import Field, PrivateAttr, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -135,6 +135,20 @@ class Settings(BaseSettings):
         description="write query and title texts to the logs, for debugging (search queries can be personal): "
         "each scoring request's texts at debug level, a refused request's values. Off: no log line holds a "
         "request's texts, exception messages included",
+    )
+
+    http_workers: Annotated[int, Field(ge=1, le=64)] | Literal["auto"] = Field(
+        "auto",
+        description="front processes serving HTTP on the one port (validation, keys, tokenisation, response "
+        "shaping), all feeding one engine core (this process: the queues, the cache, admission, the model "
+        "processes). 1 = one process does it all; auto = 1 on a CPU with fewer than 8 cores, else one per 8 "
+        "cores (at most 4), and half the cores (at most 8) on cuda. /info shows the choice (fronts)",
+    )
+    http_socket: Literal["shared", "reuseport"] = Field(
+        "shared",
+        description="how several fronts share the port: shared = one listening socket they all accept from "
+        "(a dying front leaves its waiting connections to the others); reuseport = a socket each, the kernel "
+        "spreading connections evenly by address (SO_REUSEPORT)",
     )
 
     fast_lane: bool = Field(

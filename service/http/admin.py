@@ -50,7 +50,7 @@ class ReloadRequest(BaseModel):
 @router.get("/v1/models", response_model=ModelList, responses={401: ERRORS[401]})
 async def models(engine: EngineDep):
     """The served models, the default first."""
-    return JSONResponse({"object": "list", "data": engine.listing()})
+    return JSONResponse({"object": "list", "data": await engine.model_list()})
 
 
 @admin_router.post(

@@ -24,7 +24,7 @@ from service.http.schemas import (
 )
 from service.logs import keep_private
 from service.metrics import Metrics
-from service.runtime.engine import Engine, NotReady, Scored, Windowed, WindowPick
+from service.runtime.engine import EngineAPI, NotReady, Scored, Windowed, WindowPick
 from service.settings import Settings
 
 router = APIRouter()  # scoring and /info: protected by an API key when keys are set (app.PROTECTED_ROUTERS)
@@ -64,7 +64,7 @@ def check_limits(s: Settings, queries: list[str], titles: list[str]) -> None:
 
 async def score_watched(
     request: Request,
-    engine: Engine,
+    engine: EngineAPI,
     settings: Settings,
     metrics: Metrics,
     queries,
@@ -263,13 +263,13 @@ async def ready(engine: EngineDep):
 
 
 @metrics_router.get("/metrics", tags=["operations"], response_class=PlainTextResponse)
-async def metrics(metrics: MetricsDep):
+async def metrics(engine: EngineDep):
     from prometheus_client import CONTENT_TYPE_LATEST
 
-    return Response(metrics.render(), media_type=CONTENT_TYPE_LATEST)
+    return Response(await engine.render_metrics(), media_type=CONTENT_TYPE_LATEST)
 
 
 @router.get("/info", response_model=Info, responses={401: {"model": ErrorBody}}, tags=["operations"])
 async def info(engine: EngineDep):
     """The model, its levels and limits, and the effective settings."""
-    return Info(**engine.describe())
+    return Info(**await engine.info())

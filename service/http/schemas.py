@@ -253,4 +253,5 @@ class Info(BaseModel):
     cache: dict = {}  # the pair-score cache: on or off, its bound, bytes and entries held, the model generation
     models: list[dict] = []  # every served model as GET /v1/models lists it, with its share of the cores
     shadow: dict | None = None  # the shadow model and its sampling, when one is set
+    fronts: dict = {}  # the HTTP front processes: how many (http_workers), why, their socket, pids, restarts
     settings: dict
