@@ -23,9 +23,17 @@ WORDS = (
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A free port: any, or the first free one of QTREL_BENCH_PORTS (e.g. 18200-18299) where a shared host
+    gives each user a range."""
+    lo, _, hi = os.environ.get("QTREL_BENCH_PORTS", "0-0").partition("-")
+    for port in range(int(lo), int(hi or lo) + 1):
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return s.getsockname()[1]
+    raise SystemExit(f"no free port in QTREL_BENCH_PORTS={os.environ['QTREL_BENCH_PORTS']}")
 
 
 def title(rng: random.Random) -> str:

@@ -198,7 +198,8 @@ async def slow(a) -> dict:
     """Ordinary one-pair clients (aiohttp, this process) on a quiet server, then again beside slow-body
     connections and vanishing clients (bench/storm.py vanish, a process of its own, so that the client
     measuring latency is not slowed by the attackers' own work)."""
-    srv = Server(a.model)
+    # The cache off: the vanishing clients resend 16 bodies, which the cache would answer after the first.
+    srv = Server(a.model, "--cache-mb", "0", *a.server_args.split())
     try:
         srv.wait_ready()
         rng = random.Random(2)
@@ -253,6 +254,7 @@ async def slow(a) -> dict:
             "slow_body_connections": a.slow_conns,
             "slow_connections_still_open_at_end": open_at_end,
             "vanishing_clients": a.vanishing,
+            "extra_server_args": a.server_args,
             "requests_abandoned_by_vanishing_clients": int(out.decode().strip() or 0),
             "ordinary_baseline_p50_ms": pct(base_lat, 0.5),
             "ordinary_baseline_p99_ms": quiet_p99,

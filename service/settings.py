@@ -162,6 +162,13 @@ class Settings(BaseSettings):
     max_batch_tokens: int = Field(MAX_BATCH_TOKENS, ge=64, description="padded tokens per forward (longest x pairs)")
     max_batch_size: int = Field(128, ge=1, description="pairs per forward")
     max_wait_ms: float = Field(2.0, ge=0, description="how long a batch may wait to fill")
+    max_batch_ms: float = Field(
+        50.0,
+        ge=0,
+        description="a batch holds about this much of one model process's work, at the model's measured rate, "
+        "so that a big request (or one whose client has gone) holds a process this long at most before small "
+        "requests get their turn; within max_batch_tokens. 0: batches bounded by max_batch_tokens only",
+    )
 
     # --- the pair-score cache ---
     cache_mb: int = Field(
@@ -185,6 +192,13 @@ class Settings(BaseSettings):
     # --- admission and limits ---
     max_queue_pairs: int = Field(8192, ge=1, description="pairs accepted but not finished; beyond: 429")
     max_queue_tokens: int = Field(524288, ge=64, description="tokens accepted but not finished; beyond: 429")
+    max_queue_wait_ms: float = Field(
+        1000.0,
+        ge=0,
+        description="refuse (429, with a Retry-After from the rate) work whose queue ahead would take longer "
+        "than this at the model's measured rate, on any CPU or GPU; until the rate is measured, only "
+        "max_queue_pairs and max_queue_tokens bound the queue. 0: off",
+    )
     max_pairs_per_request: int = Field(2048, ge=1, description="beyond: 413")
     max_text_chars: int = Field(2000, ge=1, description="characters per query or title; beyond: 413")
     max_body_bytes: int = Field(4 * 1024 * 1024, ge=1024, description="request body size; beyond: 413")

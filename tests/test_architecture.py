@@ -33,6 +33,10 @@ def core(rel: str) -> bool:
     return rel.startswith("model/") and rel.count("/") == 1
 
 
+# The batcher's modules: the queue (batcher.py), its vocabulary (batching.py), the model's measured pace (pace.py).
+BATCHER = ("service/runtime/batcher.py", "service/runtime/batching.py", "service/runtime/pace.py")
+
+
 def under(folder: str) -> Callable[[str], bool]:
     return lambda rel: rel.startswith(folder + "/")
 
@@ -63,10 +67,11 @@ RULES = (
          gateways=("service.tracing",)),
     Rule("runtime-uses-the-model-contract", under("service/runtime"), MODEL_INTERNALS,
          "the runtime uses RelevanceModel's contract, not the architecture, packing or kernels", direct=True),
-    Rule("batcher-knows-no-model", lambda rel: rel == "service/runtime/batcher.py",
+    Rule("batcher-knows-no-model", lambda rel: rel in BATCHER,
          ("model", "torch", "tokenizers", *WEB, "pydantic", "service", "opentelemetry"),
          "the batcher batches items with a token length: no BERT, no worker, no FastAPI, no tracing library "
-         "(it reports batch timings to a BatchTracer hook)"),
+         "(it reports batch timings to a BatchTracer hook); it reaches only its own modules",
+         gateways=tuple(rel.removesuffix(".py").replace("/", ".") for rel in BATCHER)),
     Rule("http-goes-through-the-engine", under("service/http"),
          ("service.runtime", "model", "torch", "tokenizers", "safetensors"),
          "route handlers validate, submit to the engine and shape the response: they reach the runtime and "

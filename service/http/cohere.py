@@ -25,8 +25,10 @@ from service.http.schemas import (
     MAX_CHUNKS,
     OVERLAP,
     PAIRS,
+    PRIORITY,
     AtLeastOne,
     Overlap,
+    Priority,
     Text,
     WindowResult,
     check_windows,
@@ -53,8 +55,8 @@ class Document(BaseModel):
 
 
 class CompatRerankRequest(BaseModel):
-    """Cohere's rerank request. Other fields Cohere's SDK sends (rank_fields, relevant_spans, priority, ...)
-    are accepted and ignored."""
+    """Cohere's rerank request. Other fields Cohere's SDK sends (rank_fields, relevant_spans, ...) are accepted
+    and ignored."""
 
     model_config = ConfigDict(
         extra="ignore",
@@ -72,6 +74,7 @@ class CompatRerankRequest(BaseModel):
         },
     )
     model: str | None = Field(None, description=MODEL_NOTE)
+    priority: Priority = Field("high", description=PRIORITY)
     query: Text
     documents: list[Text | Document] = Field(
         min_length=1, description="strings or objects with a `text` field", json_schema_extra=limited(maxItems=PAIRS)
@@ -146,6 +149,7 @@ async def rerank(
         body.chunk_overlap,
         use_cache=use_cache,
         model=body.model,
+        priority=body.priority,
     )
     results: list[dict[str, Any]] = []
     for i, out in enumerate(scored.outputs):

@@ -146,6 +146,7 @@ async def score(
         truncation=body.truncation,
         use_cache=use_cache,
         model=body.model,
+        priority=body.priority,
     )
     labels = scored.labels
     results = []
@@ -195,6 +196,7 @@ async def predict(
         side=body.truncation_direction.lower(),
         allow_truncation=bool(body.truncate),
         use_cache=use_cache,
+        priority=body.priority,
     )
     labels = scored.labels
     out = []
@@ -229,6 +231,7 @@ async def rerank(
         side=body.truncation_direction.lower(),
         allow_truncation=bool(body.truncate),
         use_cache=use_cache,
+        priority=body.priority,
     )
     ranks = []
     for i, o in enumerate(scored.outputs):

@@ -20,7 +20,7 @@ from pydantic import (
     StrictStr,
     model_validator,
 )
-from pydantic.json_schema import SkipJsonSchema
+from pydantic.json_schema import SkipJsonSchema, WithJsonSchema
 
 # JSON Schema keyword -> the Settings field whose value it takes (resolved by service/openapi.py)
 LIMITS = "x-qtrel-limits"
@@ -66,6 +66,27 @@ MAX_CHUNKS = (
     "scores; every window counts as a pair against max_pairs_per_request. Absent: titles are truncated"
 )
 OVERLAP = "tokens consecutive windows share (default: the chunk_overlap setting; at most half a window is used)"
+
+
+PRIORITY = (
+    "high (the default: interactive, always forwarded first) or low (forwarded only while no high-priority work "
+    "waits, as score jobs are: it uses the capacity live traffic leaves, and may wait long under load); or an "
+    "integer, as vLLM's and Cohere's priority: lower is earlier, 0 or less is high, above 0 is low"
+)
+
+
+def _priority(value: Any) -> Any:
+    value = _integral(value)
+    if isinstance(value, int) and not isinstance(value, bool):
+        return "high" if value <= 0 else "low"
+    return value
+
+
+Priority = Annotated[
+    Literal["high", "low"],
+    BeforeValidator(_priority),
+    WithJsonSchema({"anyOf": [{"type": "string", "enum": ["high", "low"]}, {"type": "integer"}]}),
+]
 
 
 def check_windows(max_chunks: int | None, overlap: int | None, name: str = "max_chunks") -> None:
@@ -124,6 +145,7 @@ class ScoreRequest(BaseModel):
     max_chunks: AtLeastOne | None = Field(None, description=MAX_CHUNKS)
     chunk_overlap: Overlap | None = Field(None, description=OVERLAP)
     model: ModelName | Absent = Field(None, description=MODEL_FIELD)
+    priority: Priority = Field("high", description=PRIORITY)
 
     @model_validator(mode="after")
     def _one_form(self) -> ScoreRequest:
@@ -174,6 +196,7 @@ class PredictRequest(BaseModel):
     raw_scores: StrictBool = False
     truncate: StrictBool | None = False
     truncation_direction: Direction = "Right"
+    priority: Priority = Field("high", description=PRIORITY)
 
     def _batch(self) -> list[list[str]]:
         """The inputs as a list of pairs, whichever of the two shapes was sent."""
@@ -218,6 +241,7 @@ class RerankRequest(BaseModel):
     truncation_direction: Direction = "Right"
     max_chunks: AtLeastOne | None = Field(None, description=MAX_CHUNKS + " (qtrel's, not TEI's)")
     chunk_overlap: Overlap | None = Field(None, description=OVERLAP)
+    priority: Priority = Field("high", description=PRIORITY)
 
     @model_validator(mode="after")
     def _texts(self) -> RerankRequest:

@@ -30,6 +30,7 @@ class EngineAPI(Protocol):
         allow_truncation: bool = ...,
         use_cache: bool = ...,
         model: str | None = ...,
+        priority: str = ...,
     ) -> Scored: ...
     async def score_windows(
         self, queries: list[str], titles: list[str], max_chunks: int, overlap: int | None = None, **options: Any

@@ -24,7 +24,7 @@ from service.logs import request_id
 from service.metrics import Metrics
 from service.runtime.api import EngineAPI
 from service.runtime.backend import BackendError, NotReady
-from service.runtime.batcher import Closed, DeadlineExceeded, Overloaded
+from service.runtime.batcher import HIGH, Closed, DeadlineExceeded, Overloaded, priority_of
 from service.runtime.cache import Cached, Key, ScoreCache, make_key
 from service.runtime.encoded import Encoded, Stale
 from service.runtime.flight import Flight, Flights
@@ -188,9 +188,9 @@ class Engine(TextSide):
         """A scoring request's refusal while admission is full, before its body is read (microseconds)."""
         return self.models.refuse_early()
 
-    def _admit(self, slot: Slot, pairs: int) -> None:
+    def _admit(self, slot: Slot, pairs: int, priority: int) -> None:
         try:
-            slot.batcher.check_admission(pairs)  # refuse before spending work
+            slot.batcher.check_admission(pairs, priority=priority)  # refuse before spending work
         except Overloaded:
             self.metrics.rejected.labels("overloaded").inc()
             raise
@@ -205,6 +205,7 @@ class Engine(TextSide):
         allow_truncation: bool = True,
         use_cache: bool = True,
         model: str | None = None,
+        priority: str = "high",
         encoded: Encoded | None = None,
     ) -> Scored:
         """Score the pairs with the model named (None: the default), each distinct pair once: from the
@@ -212,15 +213,15 @@ class Engine(TextSide):
         joining the same pair already in flight for another request, or forwarded. A sample of the
         default model's pairs is handed to the shadow model, if any, after the answer is known.
         `encoded`: the pairs as a front process tokenised them, with that model's load generation (Stale
-        when the model was reloaded since)."""
+        when the model was reloaded since). `priority`: "high" (interactive) or "low" (score jobs: forwarded
+        only while no high work waits)."""
         served = self.require_ready(model)
         deadline = time.monotonic() + (timeout_ms or self.settings.request_timeout_ms) / 1000
+        args = (queries, titles, truncation, side, deadline, allow_truncation, use_cache, priority_of(priority))
         async with served.hold(deadline) as slot:
             if encoded is not None and encoded.generation != slot.generation:
                 raise Stale(served.name, slot.generation)
-            scored = await self._score(
-                served.name, slot, queries, titles, truncation, side, deadline, allow_truncation, use_cache, encoded
-            )
+            scored = await self._score(served.name, slot, *args, encoded)
         if (shadow := self.models.shadow) is not None and served is self.models.default:
             shadow.offer(queries, titles, scored, truncation, side)
         return scored
@@ -236,6 +237,7 @@ class Engine(TextSide):
         deadline: float,
         allow_truncation: bool,
         use_cache: bool,
+        priority: int,
         pre: Encoded | None = None,
     ) -> Scored:
         model = self._model(slot)
@@ -255,8 +257,10 @@ class Engine(TextSide):
                 flights[k] = f
             else:
                 todo[k] = i
+        if flights and priority == HIGH:  # a pair a low-priority request queued now waits for no one
+            slot.batcher.promote([f.future for f in flights.values()])
         if todo:
-            self._admit(slot, len(todo))
+            self._admit(slot, len(todo), priority)
             if pre is not None:
                 enc = pre.pick(list(todo.values()))
             else:
@@ -275,12 +279,12 @@ class Engine(TextSide):
             if (first := next((i for i, k in enumerate(keys) if cut[k]), None)) is not None:
                 raise InputTooLong(first, model.max_length)
         if todo:
-            mine = self._submit(slot, [encoded[k][:2] for k in todo], deadline)
+            mine = self._submit(slot, [encoded[k][:2] for k in todo], deadline, priority)
             for k, fut in zip(todo, mine):
                 n, payload, cut_ = encoded[k]
                 flights[k] = self.flights.start(k, Flight(fut, payload, n, cut_, deadline))
         if flights:
-            await self._wait(slot, flights, deadline)
+            await self._wait(slot, flights, deadline, priority)
         for k, f in flights.items():
             found[k] = Cached(f.future.result(), f.length, f.truncated)
         outputs = [found[k] for k in keys]
@@ -295,25 +299,24 @@ class Engine(TextSide):
             name,
         )
 
-    def _submit(self, slot: Slot, items: list[tuple[int, Any]], deadline: float) -> list[asyncio.Future]:
+    def _submit(self, slot: Slot, items: list[tuple[int, Any]], deadline: float, priority: int) -> list[asyncio.Future]:
         try:
-            return slot.batcher.submit(
-                items, deadline, trace=self.tracing.context(), tag=f"request {request_id.get() or '-'}"
-            )
+            tag = f"request {request_id.get() or '-'}"
+            return slot.batcher.submit(items, deadline, trace=self.tracing.context(), tag=tag, priority=priority)
         except Overloaded:
             self.metrics.rejected.labels("overloaded").inc()
             raise
 
-    def _requeue(self, slot: Slot, deadline: float) -> Callable[[Key, Flight], Flight]:
+    def _requeue(self, slot: Slot, deadline: float, priority: int) -> Callable[[Key, Flight], Flight]:
         def requeue(key: Key, old: Flight) -> Flight:
-            (fut,) = self._submit(slot, [(old.length, old.payload)], deadline)
+            (fut,) = self._submit(slot, [(old.length, old.payload)], deadline, priority)
             return Flight(fut, old.payload, old.length, old.truncated, deadline)
 
         return requeue
 
-    async def _wait(self, slot: Slot, flights: dict[Key, Flight], deadline: float) -> None:
+    async def _wait(self, slot: Slot, flights: dict[Key, Flight], deadline: float, priority: int) -> None:
         try:
-            await self.flights.wait(flights, deadline, self._requeue(slot, deadline))
+            await self.flights.wait(flights, deadline, self._requeue(slot, deadline, priority))
         except DeadlineExceeded:
             self.metrics.rejected.labels("deadline").inc()
             raise

@@ -21,6 +21,7 @@ from service.metrics import Metrics
 from service.runtime.backend import NotReady, State
 from service.runtime.batcher import Batcher, Overloaded
 from service.runtime.layout import memory_available, package_version, resolve_runtime, usable_cores
+from service.runtime.pace import Pace
 from service.runtime.shadow import Shadow
 from service.runtime.slot import ModelNotFound, ReloadBusy, ReloadFailed, Served, Slot
 from service.runtime.worker import Worker
@@ -105,6 +106,9 @@ class Models:
             observer=observer,
             concurrency=worker.size,
             tracer=self.tracing.batch_tracer if self.tracing else None,
+            pace=Pace(worker.size),
+            max_queue_wait_s=s.max_queue_wait_ms / 1000,
+            max_batch_s=s.max_batch_ms / 1000,
         )
         return Slot(runtime, worker, batcher, generation)
 
@@ -207,10 +211,12 @@ class Models:
 
     def refuse_early(self) -> Overloaded | None:
         """Before a request's model is known: refused only when every model's queue is full."""
-        if not all(m.current.batcher.full() for m in self._served):
+        refusals = [m.current.batcher.refusal() for m in self._served]
+        if (first := refusals[0]) is None or None in refusals:
             return None
         self.metrics.rejected.labels("overloaded").inc()
-        return Overloaded("pairs", self.default.current.batcher.retry_after())
+        self.metrics.admission_refused.labels(self.default.name, first.reason).inc()
+        return first
 
     async def reload(self, name: str | None, path: str | None = None) -> dict | None:
         """Reload one model (optionally from a new path): what it serves now, or ReloadFailed / ReloadBusy

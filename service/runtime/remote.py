@@ -194,6 +194,7 @@ class RemoteEngine(TextSide):
         allow_truncation: bool = True,
         use_cache: bool = True,
         model: str | None = None,
+        priority: str = "high",
     ) -> Scored:
         for _ in range(STALE_TRIES):
             name, info = self._tokenizer_of(model, ready=True)
@@ -207,6 +208,7 @@ class RemoteEngine(TextSide):
                 "timeout_ms": timeout_ms,
                 "allow_truncation": allow_truncation,
                 "use_cache": use_cache,
+                "priority": priority,
                 "queries": queries,
                 "titles": titles,
                 "ids": enc.input_ids,
