@@ -11,6 +11,7 @@ from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse, PlainTextResponse
 
 from service.errors import ErrorKind, ServiceError
+from service.http import cutoff
 from service.http.deps import EngineDep, MetricsDep, SettingsDep, TimeoutHeader, UseCacheDep
 from service.http.schemas import (
     ErrorBody,
@@ -149,8 +150,12 @@ async def score(
         priority=body.priority,
     )
     labels = scored.labels
-    results = []
+    floor = cutoff.level_floor(body.min_level, labels, scored.model)
+    results, below = [], 0
     for i, (out, n, cut) in enumerate(zip(scored.outputs, scored.lengths, scored.truncated)):
+        if not cutoff.kept(out.level, out.expected, floor, body.min_score):
+            below += 1
+            continue
         r: dict[str, Any] = {
             "index": i,
             "level": labels[out.level],
@@ -165,7 +170,11 @@ async def score(
         results.append(r)
     if body.top_n is not None:
         results = sorted(results, key=lambda r: -r["score"])[: body.top_n]
-    return JSONResponse({"model": scored.model, "results": results})
+    if floor is None and body.min_score is None:
+        return JSONResponse({"model": scored.model, "results": results})
+    return JSONResponse(
+        {"model": scored.model, "results": results, "below_cutoff": below}, headers={cutoff.HEADER: str(below)}
+    )
 
 
 @router.post(
@@ -233,15 +242,19 @@ async def rerank(
         use_cache=use_cache,
         priority=body.priority,
     )
+    floor = cutoff.level_floor(body.min_level, scored.labels, scored.model)
     ranks = []
     for i, o in enumerate(scored.outputs):
+        if not cutoff.kept(o.level, o.expected, floor, body.min_score):
+            continue
         r: dict[str, Any] = {"index": i, "score": o.expected}
         if body.return_text:
             r["text"] = body.texts[i]
         if (w := window_of(scored, i)) is not None:
             r["window"] = w
         ranks.append(r)
-    return JSONResponse(sorted(ranks, key=lambda r: -r["score"]))
+    below = {} if floor is None and body.min_score is None else {cutoff.HEADER: str(len(scored.outputs) - len(ranks))}
+    return JSONResponse(sorted(ranks, key=lambda r: -r["score"]), headers=below)
 
 
 # --- operations ----------------------------------------------------------------------------

@@ -22,6 +22,8 @@ from pydantic import (
 )
 from pydantic.json_schema import SkipJsonSchema, WithJsonSchema
 
+from service.http.cutoff import BELOW, MIN_LEVEL, Level, Score, min_score_doc
+
 # JSON Schema keyword -> the Settings field whose value it takes (resolved by service/openapi.py)
 LIMITS = "x-qtrel-limits"
 TEXT_CHARS, PAIRS = "max_text_chars", "max_pairs_per_request"
@@ -146,6 +148,8 @@ class ScoreRequest(BaseModel):
     chunk_overlap: Overlap | None = Field(None, description=OVERLAP)
     model: ModelName | Absent = Field(None, description=MODEL_FIELD)
     priority: Priority = Field("high", description=PRIORITY)
+    min_level: Level | None = Field(None, description=MIN_LEVEL)
+    min_score: Score | None = Field(None, description=min_score_doc("score (the expected level)"))
 
     @model_validator(mode="after")
     def _one_form(self) -> ScoreRequest:
@@ -182,6 +186,7 @@ class ScoreResult(BaseModel):
 class ScoreResponse(BaseModel):
     model: str = Field(description="the served model that answered")
     results: list[ScoreResult]
+    below_cutoff: int | None = Field(None, description=BELOW)
 
 
 # --- text-embeddings-inference compatible ----------------------------------------------------
@@ -242,6 +247,8 @@ class RerankRequest(BaseModel):
     max_chunks: AtLeastOne | None = Field(None, description=MAX_CHUNKS + " (qtrel's, not TEI's)")
     chunk_overlap: Overlap | None = Field(None, description=OVERLAP)
     priority: Priority = Field("high", description=PRIORITY)
+    min_level: Level | None = Field(None, description=MIN_LEVEL + " (qtrel's, not TEI's)")
+    min_score: Score | None = Field(None, description=min_score_doc("score (the expected level)") + " (qtrel's)")
 
     @model_validator(mode="after")
     def _texts(self) -> RerankRequest:
