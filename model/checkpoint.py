@@ -171,7 +171,7 @@ def load_module(path: str | Path, num_labels_fallback: bool = False) -> BertForR
     if not has_head and not num_labels_fallback:
         raise CheckpointError(
             f"{path} has no classification head (classifier.weight); build one from this encoder "
-            "with `qtrel train --base` or model.relevance.new_from_encoder()"
+            "with `qtrel train --base` or model.train.encoder.new_from_encoder()"
         )
     load_state(model, state, allow_missing=() if has_head else ("classifier.",))
     return model
