@@ -20,7 +20,7 @@ from pathlib import Path
 
 import aiohttp
 import httpx
-from live import Server, pct, statuses, title
+from harness.live import Server, pct, statuses, title
 
 
 class Log:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import Any
 
 import torch
 import uvicorn
@@ -35,7 +36,7 @@ class NaiveScorer:
         from transformers import AutoTokenizer, BertForSequenceClassification
 
         self.tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
-        self.model = BertForSequenceClassification.from_pretrained(str(model_dir), attn_implementation="sdpa")
+        self.model: Any = BertForSequenceClassification.from_pretrained(str(model_dir), attn_implementation="sdpa")
         self.model = self.model.float().eval()
         self.max_length = max_length
         labels = [self.model.config.id2label[i] for i in range(self.model.config.num_labels)]
