@@ -20,7 +20,7 @@ from pathlib import Path
 
 import aiohttp
 import httpx
-from live import Server, pct, statuses, title
+from harness.live import Server, pct, statuses, title
 
 OPEN_CAP = 512  # requests in flight at most in an open loop, as load.py's
 
