@@ -89,6 +89,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"\n### {model.name} ({spec}, {model.dtype}) on {a.data_file}: {len(ds.examples)} pairs\n")
         levels = table(level_rows(pred, ds.labels, labels))
         print(f"Levels: of the pairs graded >= L, the share a person graded >= L.\n\n{levels}")
+        if a.target not in labels:
+            p.error(f"--target {a.target!r} is not a level of {model.name}: its levels are {', '.join(labels)}")
         target = labels.index(a.target)
         rows = score_rows(scores, ds.labels, target, labels, SCORE_CUTS)
         print(f"\nScores (expected level), judged against a person's level >= {a.target}.\n\n{table(rows)}")
