@@ -262,6 +262,15 @@ class PairTokenizer:
             out.truncated.append(c.truncated)
         return out
 
+    def unknown_shares(self, queries: Sequence[str], titles: Sequence[str]) -> list[float]:
+        """`unknown_share` of each (query, title) pair, whole texts (no truncation)."""
+        if self.unk_id is None:
+            return [0.0] * len(titles)
+        uniq = list(dict.fromkeys(queries))
+        qids = dict(zip(uniq, self.encode_texts(uniq)))
+        cuts = [PairCut(qids[q], t, [], [], "right") for q, t in zip(queries, self.encode_texts(titles))]
+        return self.unknown_share(cuts)
+
     def unknown_share(self, cuts: Sequence[PairCut]) -> list[float]:
         """Per pair, the share of its query's and title's pieces (before truncation) that are the unknown
         token: text this vocabulary cannot read. 0 for a tokenizer without one (byte-level BPE)."""

@@ -78,6 +78,14 @@ async def score_watched(
     client disconnects: its queued pairs never reach the model. A client already gone costs no tokenisation.
     The hang-up cancels this very task (no second task, no `asyncio.wait`: ~15 us a request less)."""
     check_limits(settings, queries, titles)
+    if (limit := settings.unknown_share_refuse) is not None:
+        shares = await engine.unknown_shares(queries, titles, kw.get("model"))
+        if (i := next((i for i, x in enumerate(shares) if x > limit), None)) is not None:
+            raise ServiceError(
+                ErrorKind.VALIDATION,
+                f"pair {i}: {shares[i]:.0%} of its tokens are unknown to the model (unknown_share_refuse "
+                f"{limit}); it cannot read this text: choose a model for its language (GET /v1/models)",
+            )
     gone = asyncio.ensure_future(disconnected(request))
     await asyncio.sleep(0)  # let it see a hang-up that came with the body
     if not gone.done():
@@ -148,6 +156,7 @@ async def score(
         model=body.model,
     )
     labels = scored.labels
+    shares = await engine.unknown_shares(queries, titles, body.model)
     results = []
     for i, (out, n, cut) in enumerate(zip(scored.outputs, scored.lengths, scored.truncated)):
         r: dict[str, Any] = {
@@ -156,6 +165,7 @@ async def score(
             "score": out.expected,
             "tokens": n,
             "truncated": cut,
+            "unknown_share": round(shares[i], 4),
         }
         if body.return_probs:
             r["probs"] = dict(zip(labels, out.probs))
@@ -164,7 +174,14 @@ async def score(
         results.append(r)
     if body.top_n is not None:
         results = sorted(results, key=lambda r: -r["score"])[: body.top_n]
-    return JSONResponse({"model": scored.model, "results": results})
+    response: dict[str, Any] = {"model": scored.model, "results": results}
+    if unread := [i for i, x in enumerate(shares) if x > settings.unknown_share_warn]:
+        response["warnings"] = [
+            f"{scored.model} cannot read most of pair(s) {unread[:10]} (over {settings.unknown_share_warn:.0%} "
+            "unknown tokens, see unknown_share): their grades are not meaningful; GET /v1/models lists the "
+            "languages each model reads"
+        ]
+    return JSONResponse(response)
 
 
 @router.post(

@@ -287,6 +287,13 @@ class Engine:
         s = await self.score(*flatten(queries, docs), **options)
         return reduce(s.outputs, s.lengths, s.truncated, docs, s.labels, s.model)
 
+    async def unknown_shares(self, queries: list[str], titles: list[str], model: str | None = None) -> list[float]:
+        """Per pair, the share of its text the model's vocabulary cannot read (model.tokenizer.unknown_share)."""
+        tok = self._model(self.require_ready(model).current).tokenizer
+        if len(titles) <= INLINE_PAIRS:
+            return tok.unknown_shares(queries, titles)
+        return await asyncio.get_running_loop().run_in_executor(self._tok_pool, tok.unknown_shares, queries, titles)
+
     async def _encode(
         self, model: ModelInfo, queries: list[str], titles: list[str], truncation: str, side: str
     ) -> EncodedPairs:
