@@ -32,7 +32,7 @@ from harness.publish import command_line, machine, publish
 from harness.systems import export_onnx, hf_model, openvino_compiled
 
 from model import fused_attention
-from model.bert import Layer
+from model.engines.packed import PackedLayer
 from model.relevance import RelevanceModel
 
 Step = Callable[[int], object]  # runs batch i
@@ -111,7 +111,7 @@ def main() -> int:
     if m.fused_norm:  # torch's residual adds and LayerNorms in the same forward: the fused norm's share here
         plain_norms = load()
         for x in plain_norms.module.modules():
-            if isinstance(x, Layer):
+            if isinstance(x, PackedLayer):
                 x.fused_norm = False
         steps[f"qtrel default, torch's add + LayerNorm ({short})"] = qtrel(plain_norms)
     versions = {"torch": str(torch.__version__)}

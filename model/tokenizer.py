@@ -1,8 +1,10 @@
-"""Pair tokenizer: `[CLS] query [SEP] title [SEP]` with segment ids 0/1, on Hugging Face `tokenizers`.
+"""Pair tokenizer on Hugging Face `tokenizers`: WordPiece, Unigram (SentencePiece) or BPE from tokenizer.json,
+framed as its own post-processor says (model.templates): `[CLS] query [SEP] title [SEP]` with segment ids
+0/1 for BERT, `<s> query </s></s> title </s>` for XLM-R.
 
-Queries and titles are word-piece encoded separately (BERT's pre-tokenisation never crosses the
-pair boundary, so this equals encoding the pair), then truncated and framed here, which lets us keep
-the query whole by default, fall back when the query alone is too long, and report what was cut.
+Queries and titles are encoded separately (no pre-tokeniser crosses the pair boundary, so this equals
+encoding the pair), then truncated and framed here, which lets us keep the query whole by default, fall
+back when the query alone is too long, and report what was cut.
 """
 
 from __future__ import annotations
@@ -17,9 +19,11 @@ from typing import Literal
 from tokenizers import Tokenizer, normalizers, pre_tokenizers
 from tokenizers.models import WordPiece
 
+from model.templates import PairTemplate, TemplateError, pad_id, unknown_id
+
 Truncation = Literal["only_second", "longest_first"]
 TRUNCATIONS: tuple[str, ...] = ("only_second", "longest_first")
-SPECIAL_TOKENS_IN_PAIR = 3  # [CLS], [SEP], [SEP]
+SPECIAL_TOKENS_IN_PAIR = 3  # BERT's [CLS], [SEP], [SEP]; `PairTokenizer.specials` is each tokenizer's
 
 
 class TokenizerError(ValueError):
@@ -49,16 +53,20 @@ class PairCut:
     query_kept: list[int]
     title_kept: list[int]
     side: str  # "right": cut from the end; "left": from the start
+    template: PairTemplate | None = None  # the frame; None: BERT's
 
     @property
     def truncated(self) -> bool:
         return len(self.query_kept) < len(self.query) or len(self.title_kept) < len(self.title)
 
     @property
-    def specials(self) -> tuple[int, int, int]:
-        """Positions of [CLS], the middle [SEP] and the last [SEP] in the framed pair."""
+    def specials(self) -> tuple[int, ...]:
+        """Positions of the special tokens in the framed pair: [CLS], the middle [SEP] and the last [SEP] for
+        BERT; <s>, </s></s> and </s> for XLM-R."""
         n_query, n_title = len(self.query_kept), len(self.title_kept)
-        return 0, n_query + 1, n_query + n_title + 2
+        if self.template is None:
+            return 0, n_query + 1, n_query + n_title + 2
+        return self.template.special_positions(n_query, n_title)
 
     def dropped(self, full: list[int], kept: list[int]) -> list[int]:
         return full[len(kept) :] if self.side == "right" else full[: len(full) - len(kept)]
@@ -83,17 +91,22 @@ def longest_first(n_query: int, n_title: int, budget: int) -> tuple[int, int]:
 
 class PairTokenizer:
     def __init__(self, tokenizer: Tokenizer, max_length: int = 128):
+        spec = json.loads(tokenizer.to_str())
+        vocab = tokenizer.get_vocab()
+        try:
+            self.template = PairTemplate.of(spec, vocab)
+        except TemplateError as e:
+            raise TokenizerError(str(e)) from None
         self._tok = tokenizer
         self._tok.no_truncation()
         self._tok.no_padding()
-        vocab = tokenizer.get_vocab()
-        try:
-            self.cls_id, self.sep_id = vocab["[CLS]"], vocab["[SEP]"]
-        except KeyError as e:
-            raise TokenizerError(f"the vocabulary has no {e.args[0]} token") from None
-        self.pad_id = vocab.get("[PAD]", 0)
+        # The first token of the frame (scored from) and the last: [CLS]/[SEP], <s>/</s>
+        self.cls_id, self.sep_id = self.template.prefix[0], (self.template.suffix or self.template.middle)[-1:][0]
+        self.pad_id = pad_id(spec, vocab)
+        self.unk_id = unknown_id(spec, vocab)
         self.vocab_size = tokenizer.get_vocab_size()
-        if max_length < SPECIAL_TOKENS_IN_PAIR + 2:
+        self.specials = self.template.specials
+        if max_length < self.specials + 2:
             raise TokenizerError(f"max_length {max_length} is too small for a pair")
         self.max_length = max_length
         self._ascii = AsciiWordPiece.of(tokenizer)
@@ -120,6 +133,10 @@ class PairTokenizer:
     def save(self, path: str | Path) -> None:
         path = Path(path)
         tok = Tokenizer.from_str(self._tok.to_str())
+        wordpiece = json.loads(tok.to_str()).get("model", {}).get("type") == "WordPiece"
+        if not (wordpiece and self.template.bert_shaped):  # tokenizer.json alone: its post-processor frames pairs
+            tok.save(str(path / "tokenizer.json"))
+            return
         tok.post_processor = _bert_post_processor(self.cls_id, self.sep_id)
         tok.save(str(path / "tokenizer.json"))
         vocab = sorted(self._tok.get_vocab().items(), key=lambda kv: kv[1])
@@ -213,7 +230,7 @@ class PairTokenizer:
         if side not in ("right", "left"):
             raise TokenizerError(f"side must be 'right' or 'left', got {side!r}")
         limit = self.max_length if max_length is None else min(max_length, self.max_length)
-        budget = limit - SPECIAL_TOKENS_IN_PAIR
+        budget = limit - self.specials
         if budget < 2:
             raise TokenizerError(f"max_length {limit} is too small for a pair")
         # One query against many titles is the common request: encode each distinct query once.
@@ -229,18 +246,39 @@ class PairTokenizer:
                 else:  # longest_first on request, or the query alone leaves no room for a title
                     nq, nt = longest_first(nq, nt, budget)
             if side == "right":
-                cuts.append(PairCut(qi, t, qi[:nq], t[:nt], side))
+                cuts.append(PairCut(qi, t, qi[:nq], t[:nt], side, self.template))
             else:
-                cuts.append(PairCut(qi, t, qi[len(qi) - nq :], t[len(t) - nt :], side))
+                cuts.append(PairCut(qi, t, qi[len(qi) - nq :], t[len(t) - nt :], side, self.template))
         return cuts
 
     def _frame(self, cuts: Sequence[PairCut]) -> EncodedPairs:
-        """`[CLS] query [SEP] title [SEP]` with segment ids 0/1, of what each cut kept."""
+        """The template's frame (`[CLS] query [SEP] title [SEP]` with segment ids 0/1 for BERT) of what each
+        cut kept."""
         out = EncodedPairs([], [], [])
         for c in cuts:
-            out.input_ids.append([self.cls_id, *c.query_kept, self.sep_id, *c.title_kept, self.sep_id])
-            out.token_type_ids.append([0] * (len(c.query_kept) + 2) + [1] * (len(c.title_kept) + 1))
+            ids, types = self.template.frame(c.query_kept, c.title_kept)
+            out.input_ids.append(ids)
+            out.token_type_ids.append(types)
             out.truncated.append(c.truncated)
+        return out
+
+    def unknown_shares(self, queries: Sequence[str], titles: Sequence[str]) -> list[float]:
+        """`unknown_share` of each (query, title) pair, whole texts (no truncation)."""
+        if self.unk_id is None:
+            return [0.0] * len(titles)
+        uniq = list(dict.fromkeys(queries))
+        qids = dict(zip(uniq, self.encode_texts(uniq)))
+        cuts = [PairCut(qids[q], t, [], [], "right") for q, t in zip(queries, self.encode_texts(titles))]
+        return self.unknown_share(cuts)
+
+    def unknown_share(self, cuts: Sequence[PairCut]) -> list[float]:
+        """Per pair, the share of its query's and title's pieces (before truncation) that are the unknown
+        token: text this vocabulary cannot read. 0 for a tokenizer without one (byte-level BPE)."""
+        unk = self.unk_id
+        out = []
+        for c in cuts:
+            n = len(c.query) + len(c.title)
+            out.append(0.0 if unk is None or not n else (c.query.count(unk) + c.title.count(unk)) / n)
         return out
 
 

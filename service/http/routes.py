@@ -79,6 +79,14 @@ async def score_watched(
     client disconnects: its queued pairs never reach the model. A client already gone costs no tokenisation.
     The hang-up cancels this very task (no second task, no `asyncio.wait`: ~15 us a request less)."""
     check_limits(settings, queries, titles)
+    if (limit := settings.unknown_share_refuse) is not None:
+        shares = await engine.unknown_shares(queries, titles, kw.get("model"))
+        if (i := next((i for i, x in enumerate(shares) if x > limit), None)) is not None:
+            raise ServiceError(
+                ErrorKind.VALIDATION,
+                f"pair {i}: {shares[i]:.0%} of its tokens are unknown to the model (unknown_share_refuse "
+                f"{limit}); it cannot read this text: choose a model for its language (GET /v1/models)",
+            )
     gone = asyncio.ensure_future(disconnected(request))
     await asyncio.sleep(0)  # let it see a hang-up that came with the body
     if not gone.done():
@@ -151,6 +159,7 @@ async def score(
     )
     labels = scored.labels
     floor = cutoff.level_floor(body.min_level, labels, scored.model)
+    shares = await engine.unknown_shares(queries, titles, body.model)
     results, below = [], 0
     for i, (out, n, cut) in enumerate(zip(scored.outputs, scored.lengths, scored.truncated)):
         if not cutoff.kept(out.level, out.expected, floor, body.min_score):
@@ -162,6 +171,7 @@ async def score(
             "score": out.expected,
             "tokens": n,
             "truncated": cut,
+            "unknown_share": round(shares[i], 4),
         }
         if body.return_probs:
             r["probs"] = dict(zip(labels, out.probs))
@@ -170,11 +180,18 @@ async def score(
         results.append(r)
     if body.top_n is not None:
         results = sorted(results, key=lambda r: -r["score"])[: body.top_n]
-    if floor is None and body.min_score is None:
-        return JSONResponse({"model": scored.model, "results": results})
-    return JSONResponse(
-        {"model": scored.model, "results": results, "below_cutoff": below}, headers={cutoff.HEADER: str(below)}
-    )
+    response: dict[str, Any] = {"model": scored.model, "results": results}
+    headers = {}
+    if floor is not None or body.min_score is not None:
+        response["below_cutoff"] = below
+        headers[cutoff.HEADER] = str(below)
+    if unread := [i for i, x in enumerate(shares) if x > settings.unknown_share_warn]:
+        response["warnings"] = [
+            f"{scored.model} cannot read most of pair(s) {unread[:10]} (over {settings.unknown_share_warn:.0%} "
+            "unknown tokens, see unknown_share): their grades are not meaningful; GET /v1/models lists the "
+            "languages each model reads"
+        ]
+    return JSONResponse(response, headers=headers)
 
 
 @router.post(

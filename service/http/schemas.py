@@ -180,6 +180,9 @@ class ScoreResult(BaseModel):
     probs: dict[str, float] | None = Field(None, description="probability per level")
     tokens: int = Field(description="tokens the pair used, special tokens included")
     truncated: bool
+    unknown_share: float = Field(
+        0.0, description="share of the pair's tokens the model's vocabulary cannot read (its unknown token)"
+    )
     window: WindowResult | None = Field(None, description="with max_chunks: the window whose scores these are")
 
 
@@ -187,6 +190,7 @@ class ScoreResponse(BaseModel):
     model: str = Field(description="the served model that answered")
     results: list[ScoreResult]
     below_cutoff: int | None = Field(None, description=BELOW)
+    warnings: list[str] | None = Field(None, description="pairs the model mostly cannot read (unknown_share_warn)")
 
 
 # --- text-embeddings-inference compatible ----------------------------------------------------

@@ -290,6 +290,7 @@ class Models:
             "owned_by": "qtrel",
             "path": str(rt.model_dir),
             "levels": info.labels if info else [],
+            "languages": languages(rt.model_dir),
             "dtype": info.dtype if info else rt.dtype,
             "device": str(info.device) if info else rt.device,
             "state": m.state(),
@@ -310,6 +311,15 @@ class Models:
         need = sum(_rss(pid) for pid in served.current.worker.pids)
         free = memory_available()
         return free is None or need == 0 or 2 * need < free
+
+
+def languages(model_dir: Path) -> list[str] | None:
+    """The languages a checkpoint says it reads (config key `languages`, e.g. ["zh", "en"]); None: unsaid."""
+    try:
+        got = json.loads((Path(model_dir) / "config.json").read_text(encoding="utf-8")).get("languages")
+    except (OSError, ValueError):
+        return None
+    return [str(x) for x in got] if isinstance(got, list) else None
 
 
 def _rss(pid: int) -> int:

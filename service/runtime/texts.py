@@ -54,6 +54,13 @@ class TextSide:
         self.metrics.tokenize_seconds.observe(time.perf_counter() - t0)
         return enc
 
+    async def unknown_shares(self, queries: list[str], titles: list[str], model: str | None = None) -> list[float]:
+        """Per pair, the share of its text the model's vocabulary cannot read (model.tokenizer.unknown_share)."""
+        tok = self._tokenizer_of(model, ready=True)[1].tokenizer
+        if len(titles) <= INLINE_PAIRS:
+            return tok.unknown_shares(queries, titles)
+        return await asyncio.get_running_loop().run_in_executor(self._tok_pool, tok.unknown_shares, queries, titles)
+
     async def score_windows(
         self, queries: list[str], titles: list[str], max_chunks: int, overlap: int | None = None, **options
     ) -> Windowed:
