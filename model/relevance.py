@@ -16,16 +16,18 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor, nn
 
+from model.arch import Network, architecture
 from model.bert import BertForRelevance
-from model.checkpoint import CheckpointError, load_module, save_checkpoint
+from model.checkpoint import CheckpointError, load_module, load_network, save_checkpoint
 from model.config import BertConfig
 from model.device import resolve_device, resolve_dtype
+from model.heads import Head
 from model.int8 import NO_VNNI, PLAN_FILE, Int8Plan, cpu_has_vnni
 from model.kernels import attention_path, choose_attention, install_cpu_kernels, set_attention, warm_linear_shapes
 from model.levels import DEFAULT_LEVELS, MAX_BATCH_TOKENS
 from model.packing import length_batches, pad_batch, token_slices
 from model.parallel import ForwardWorkers, batch_budget, run_batches, workers_for
-from model.scoring import LevelRule, ScoredBatch, level_values, merge_classes, score_logits
+from model.scoring import LevelRule, ScoredBatch, level_values, score_logits
 from model.tokenizer import EncodedPairs, PairTokenizer, Truncation
 
 if TYPE_CHECKING:  # imported where OpenVINO is asked for: the torch path never loads it
@@ -56,7 +58,7 @@ class RelevanceModel:
 
     def __init__(
         self,
-        module: BertForRelevance,
+        module: Network,
         tokenizer: PairTokenizer,
         device: str = "cpu",
         dtype: str = "float32",
@@ -97,6 +99,8 @@ class RelevanceModel:
         self.attention_reason = "RelevanceModel's default"
         self.fused_norm = False  # the packed forward's residual add + LayerNorm in one pass (model.kernels)
         torch_dtype = DTYPES[dtype]  # None for int8
+        self.arch = architecture(self.cfg.model_type)  # which network; whether the fast CPU path covers it
+        onednn, unpadded = onednn and self.arch.fast, unpadded and self.arch.fast
         if onednn and torch_dtype is not None and self.device.type == "cpu":
             self.cpu_kernels = install_cpu_kernels(module, torch_dtype)
             choice = choose_attention(module, torch_dtype, attention)
@@ -114,8 +118,12 @@ class RelevanceModel:
         # (model.parallel); `workers`: how many, 0 for one per core up to parallel.MAX_WORKERS
         self.workers = 0
         self._pool: ForwardWorkers | None = None
-        self.labels = self.cfg.levels  # what a score grades; the head may have extra classes (model.config)
-        self.class_levels = self.cfg.class_levels
+        try:  # what a score grades: a k-level head's levels, or a one-logit head's (model.heads)
+            self.head = Head.of(self.cfg)
+        except ValueError as e:
+            raise CheckpointError(f"config.json: {e}") from None
+        self.labels = list(self.head.levels)
+        self.class_levels = list(self.head.class_levels)
         self.values = level_values(self.labels)
         try:
             self.rule = LevelRule.from_extra(self.cfg.extra, len(self.labels))
@@ -136,8 +144,8 @@ class RelevanceModel:
         """A checkpoint on a device and precision; by default on the fast path this machine has (oneDNN
         linears where the probe passes, batches without padding on cpu)."""
         path = Path(path)
-        module = load_module(path)
-        limit = min(max_length, module.cfg.max_position_embeddings)
+        module = load_network(path)
+        limit = min(max_length, module.cfg.max_position_embeddings - module.cfg.position_offset)
         tok = PairTokenizer.from_dir(path, max_length=limit)
         name = str(module.cfg.extra.get("qtrel_model_id") or path.name)
         m = cls(
@@ -150,6 +158,15 @@ class RelevanceModel:
     def max_length(self) -> int:
         return self.tokenizer.max_length
 
+    @property
+    def path(self) -> str:
+        """Which forward serves this model (/info): the fast CPU path or the plain one, and why."""
+        if self.unpadded:
+            return f"fast: packed rows, {self.cpu_kernels} linears, {self.attention} attention"
+        if not self.arch.fast:
+            return f"plain: the fast CPU path does not cover {self.cfg.model_type} yet"
+        return "plain: padded batches"
+
     def describe(self) -> dict:
         """What a server reports about the loaded model (plain JSON-ready values)."""
         return {
@@ -160,6 +177,9 @@ class RelevanceModel:
             "dtype": self.dtype,
             "level_rule": self.rule.name,
             "level_cuts": None if self.rule.cuts is None else list(self.rule.cuts),
+            "architecture": self.cfg.model_type,
+            "head": self.head.kind,
+            "path": self.path,
             "cpu_kernels": self.cpu_kernels,
             "attention": self.attention,
             "attention_probe": self.attention_probe,
@@ -189,6 +209,8 @@ class RelevanceModel:
         why = ovi.missing()
         if why is None and self.device.type != "cpu":
             why = f"OpenVINO serves the cpu here, not {self.device}"
+        if why is None and self.cfg.model_type != "bert":
+            why = f"OpenVINO's conversion serves BERT checkpoints here, not {self.cfg.model_type}"
         if why is None and self.source is None:
             why = "no checkpoint directory to convert from"
         plan = None
@@ -247,7 +269,13 @@ class RelevanceModel:
         happen here too)."""
         # oneDNN builds a kernel per shape (MKL's sgemm behind the fused plain layers does not); with OpenVINO
         # only head masks run torch
-        if self.unpadded and kernels and self.onednn and self._openvino is None:
+        if (
+            self.unpadded
+            and kernels
+            and self.onednn
+            and self._openvino is None
+            and isinstance(self.module, BertForRelevance)
+        ):
             warm_linear_shapes(self.module, max_batch_tokens)
         vocab = min(self.tokenizer.vocab_size, self.cfg.vocab_size)
         for length in sorted({8, 32, self.max_length}):
@@ -290,11 +318,11 @@ class RelevanceModel:
                     )
         if logits is None:
             logits = self._torch_logits(input_ids, token_type_ids, head_mask, on_device)
-        return logits if raw else merge_classes(logits, self.class_levels)
+        return logits if raw else self.head.level_logits(logits)
 
     def _torch_logits(self, input_ids: Ids, token_type_ids: Ids, head_mask: Tensor | None = None, gpu=False) -> Tensor:
         """(B, classes) float32 logits on cpu (`gpu`: left on the device) from the torch module."""
-        if self.unpadded:
+        if self.unpadded and isinstance(self.module, BertForRelevance):  # the fast path: BERT-shaped networks
             fused = self.cpu_kernels == "fused"
             parts = token_slices([len(x) for x in input_ids], FUSED_FORWARD_TOKENS) if fused else [slice(None)]
             return torch.cat(
