@@ -1,6 +1,6 @@
 """A/B of the attention kernels of qtrel's packed forward (issue 20): torch's
 `F.scaled_dot_product_attention` once per length group and layer (on CPU, the flash kernel), against
-`model.bert.math_attention` (two matmuls and a float32 softmax) for the same calls, and against the fused
+`model.engines.packed.math_attention` (two matmuls and a float32 softmax) for the same calls, and against the fused
 kernel (`model.fused_attention`: one call a layer over every pair's rows in place) where it is built; the
 model's own switch (`RelevanceModel.use_attention`) flips between them, and the report says which one this
 CPU ships (`model.kernels.choose_attention`, with its start-up probe's figures). Same batches of
@@ -27,7 +27,7 @@ from model_speed import consecutive_batches
 from results import command_line, machine, publish
 
 from model import fused_attention
-from model.bert import math_attention
+from model.engines.packed import math_attention
 from model.relevance import RelevanceModel
 
 SIZES = (8, 19, 32)

@@ -1,5 +1,5 @@
 """The attention kernel alone, on the packed forward's block shapes (issue 20): where its time goes and
-which variants of `model.bert.math_attention` were tried.
+which variants of `model.engines.packed.math_attention` were tried.
 
 One block is b pairs × t tokens × 12 heads of 32 (MiniLM), in bfloat16, 1 thread; with `pad`, a fifth of
 the keys are masked as `model.packing` masks them. Variants, each timed interleaved (median of rounds):
@@ -29,7 +29,7 @@ import warnings
 import torch
 import torch.nn.functional as F
 
-from model.bert import math_attention
+from model.engines.packed import math_attention
 
 SHAPES = ((6, 27, False), (6, 40, True), (12, 20, False), (3, 60, True))  # b, t, padded
 

@@ -19,7 +19,7 @@ from anchors import isa, isa_line, slug_of
 from model_speed import consecutive_batches
 from results import command_line, machine, publish
 
-import model.bert
+import model.engines.packed
 import model.packing
 from model.relevance import RelevanceModel
 
@@ -35,7 +35,7 @@ def steps_of_16(n: int) -> int:
 
 def use(ladder) -> None:
     model.packing.token_bucket = ladder
-    model.bert.token_bucket = ladder
+    model.engines.packed.token_bucket = ladder
 
 
 def main() -> int:

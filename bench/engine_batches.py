@@ -39,7 +39,7 @@ def main() -> int:
     torch.set_num_threads(1)
     m = RelevanceModel.load(a.model, dtype="auto")
     m.use_inference("openvino")
-    if m._openvino is None:
+    if m.inference != "openvino":
         print(f"OpenVINO not available: {m.inference_reason}")
         return 1
     tok = m.tokenizer
@@ -58,7 +58,7 @@ def main() -> int:
         "20 x 8 dev pairs, arrival order": cut(arrival, 8),
         "20 x 32 dev pairs, sorted by length": cut(sorted(arrival, key=enc.lengths.__getitem__), 32),
     }
-    engines = {"torch": m._torch_logits, "openvino": m._openvino.logits}
+    engines = {"torch": m.engine.torch.logits, "openvino": m.engine.logits}
     print(f"{m.name}, {m.dtype}, {m.cpu_kernels}, 1 thread, best of {a.rounds}")
     with torch.inference_mode():
         for name, batches in sets.items():

@@ -3,7 +3,7 @@ machine's native precision, unpadded, oneDNN linears) at batches of 8, 19 and 32
 
 Batches are consecutive dev pairs in file order (a server's mix of lengths, not length-sorted). Each op's
 self time goes to one share: the matmuls (oneDNN linears, addmm), the attention kernel (torch's SDPA
-kernel, or the two matmuls and float32 softmax of `model.bert.math_attention` where that is the CPU's
+kernel, or the two matmuls and float32 softmax of `model.engines.packed.math_attention` where that is the CPU's
 choice), the gathers and layout work around it, LayerNorm, residual adds, GELU, embeddings, building
 the packing, and Python (the self time of our own record_function scopes: the forward, each layer's
 attention loop, `pack`).
@@ -30,7 +30,7 @@ from model_speed import consecutive_batches
 from results import DOCS, command_line, machine, publish, update_section
 from torch.profiler import ProfilerActivity, profile, record_function
 
-import model.bert as bert
+import model.engines.packed as packed
 from model import fused_attention
 from model.relevance import RelevanceModel
 
@@ -105,13 +105,14 @@ def scoped(name: str, fn):
 def instrument() -> None:
     """Named scopes on the model's Python without touching model/: the packing, each layer's attention
     (its loop over length groups), the embeddings, the whole forward."""
-    bert.pack = scoped("qtrel::pack", bert.pack)
-    bert.math_attention = scoped("qtrel::math_attention", bert.math_attention)  # _attend looks it up per call
-    bert.packed_attention = scoped("qtrel::fused_attention", bert.packed_attention)  # likewise
+    packed.pack = scoped("qtrel::pack", packed.pack)
+    packed.math_attention = scoped("qtrel::math_attention", packed.math_attention)  # _attend looks it up per call
+    packed.packed_attention = scoped("qtrel::fused_attention", packed.packed_attention)  # likewise
     fused_attention.add_layer_norm = scoped("qtrel::add_layer_norm", fused_attention.add_layer_norm)  # add_norm's
-    bert.SelfAttention.forward_packed = scoped("qtrel::attention", bert.SelfAttention.forward_packed)
-    bert.Embeddings.forward_packed = scoped("qtrel::embeddings", bert.Embeddings.forward_packed)
-    bert.BertForRelevance.forward_packed = scoped("qtrel::forward", bert.BertForRelevance.forward_packed)
+    packed.PackedSelfAttention.forward_packed = scoped("qtrel::attention", packed.PackedSelfAttention.forward_packed)
+    packed.embed = scoped("qtrel::embeddings", packed.embed)
+    model_class = packed.PackedBertForRelevance
+    model_class.forward_packed = scoped("qtrel::forward", model_class.forward_packed)
 
 
 def profile_size(m: RelevanceModel, batches: list[tuple[list, list]]) -> dict:
@@ -161,7 +162,7 @@ def wall_ms(m: RelevanceModel, batches: list[tuple[list, list]], threads: int) -
 
 def groups_per_batch(m: RelevanceModel, batches: list[tuple[list, list]]) -> float:
     w = m.module.bert.embeddings.word.weight
-    return statistics.mean(len(bert.pack(ids, seg, w.device, w.dtype).groups) for ids, seg in batches)
+    return statistics.mean(len(packed.pack(ids, seg, w.device, w.dtype).groups) for ids, seg in batches)
 
 
 def main() -> int:

@@ -18,17 +18,17 @@ import torch
 from load import read_dev
 from results import DEV
 
-from model.bert import BertEncoder
 from model.builtin import builtin_dir
+from model.engines.packed import PackedEncoder, embed
 from model.kernels import use_fused_linears, use_onednn_linears
 from model.relevance import RelevanceModel
 
-PACKED_CLS = BertEncoder.forward_packed
+PACKED_CLS = PackedEncoder.forward_packed
 
 
 def packed_full(self, p, head_mask=None):
     """The packed forward before 2026-12-03: every layer over every token, [CLS] read at the end."""
-    x = self.embeddings.forward_packed(p)
+    x = embed(self.embeddings, p)
     for layer in self.blocks:
         x = layer.forward_packed(x, p, None)
     cls = x.index_select(0, p.cls)
@@ -53,7 +53,7 @@ def main() -> None:
     batches = [order[i : i + 32] for i in range(0, len(order), 32)]
 
     def run(m: RelevanceModel, forward) -> float:
-        BertEncoder.forward_packed = forward
+        PackedEncoder.forward_packed = forward
         t = time.perf_counter()
         for b in batches:
             m.logits([enc.input_ids[i] for i in b], [enc.token_type_ids[i] for i in b])
@@ -72,7 +72,7 @@ def main() -> None:
     for r in range(a.rounds):
         for k in names[r % len(names) :] + names[: r % len(names)]:
             rates[k].append(run(*variants[k]))
-    BertEncoder.forward_packed = PACKED_CLS
+    PackedEncoder.forward_packed = PACKED_CLS
     base = statistics.median(rates[names[0]])
     print(f"{len(pairs)} pairs of {DEV.name}, batches of 32, float32, 1 thread, {a.rounds} rounds")
     for k, v in rates.items():

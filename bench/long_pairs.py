@@ -3,10 +3,10 @@
 MiniLM's served pairs are ~27 tokens, where the A/Bs chose the kernels (bench/attention_ab.py); a user who raises
 `max_length` sends longer ones. This times the default model's whole forward on batches of ~4,096 tokens of
 pairs all of one length (random tokens, a 10-token query), with each kernel forced for every block and the
-length guards lifted (each layer's `fused_max`, `model.bert.MATH_MAX_TOKENS`): torch's flash kernel per group, the
-plain matmuls per group, and the fused kernel (on several threads, on torch's OpenMP team). Then the shipped
-rules against one kernel for a whole batch on mixed batches. Kernels interleaved per round, the order rotated;
-median ms and the per-round ratios. What it found fixed MATH_MAX_TOKENS and checks
+length guards lifted (each layer's `fused_max`, `model.engines.packed.MATH_MAX_TOKENS`): torch's flash kernel per
+group, the plain matmuls per group, and the fused kernel (on several threads, on torch's OpenMP team). Then the
+shipped rules against one kernel for a whole batch on mixed batches. Kernels interleaved per round, the order
+rotated; median ms and the per-round ratios. What it found fixed MATH_MAX_TOKENS and checks
 `model.kernels.fused_max_tokens` on the machine at hand.
 
   python bench/long_pairs.py --model model/default [--threads 1] [--rounds 6] [--dtype float32]
@@ -25,7 +25,8 @@ import torch
 from anchors import isa, isa_line, slug_of
 from results import command_line, machine, publish
 
-from model import bert, fused_attention
+from model import fused_attention
+from model.engines import packed
 from model.relevance import RelevanceModel
 
 LENGTHS = (27, 48, 63, 64, 96, 128, 192, 256, 512)
@@ -43,7 +44,7 @@ def set_guards(m: RelevanceModel, guards: tuple[int, int]) -> None:
     """The fused kernel's longest pair (each layer's `fused_max`) and the plain matmuls' longest block."""
     for layer in m.module.bert.blocks:
         layer.attn.fused_max = guards[0]
-    bert.MATH_MAX_TOKENS = guards[1]
+    packed.MATH_MAX_TOKENS = guards[1]
 
 
 def timed(m: RelevanceModel, batch, kind: str | None, guards: tuple[int, int]) -> tuple[float, torch.Tensor]:
@@ -82,7 +83,7 @@ def main() -> int:
     m = RelevanceModel.load(a.model, dtype=a.dtype)
     m.warm_up()
     shipped, grouped = m.attention, m.module.bert.blocks[0].attn.grouped
-    shipped_guards = (m.module.bert.blocks[0].attn.fused_max, bert.MATH_MAX_TOKENS)
+    shipped_guards = (m.module.bert.blocks[0].attn.fused_max, packed.MATH_MAX_TOKENS)
     dtype = m.module.bert.embeddings.word.weight.dtype
     several = a.threads == 1 or fused_attention.parallel()  # the fused kernel runs on this many threads
     kinds = ["sdpa", "math"] + (["fused"] if several and fused_attention.available()[0] else [])
@@ -116,7 +117,7 @@ def main() -> int:
             if shipped == "fused" and several and shipped_guards[0] < 10**6:
                 arms["fused, every pair"] = ("fused", (10**6, shipped_guards[1]))
             elif shipped == "fused" and several:  # the float32 path's guard, against every pair fused
-                arms[f"fused up to {bert.FUSED_MAX_TOKENS}"] = ("fused", (bert.FUSED_MAX_TOKENS, shipped_guards[1]))
+                arms[f"fused up to {packed.FUSED_MAX_TOKENS}"] = ("fused", (packed.FUSED_MAX_TOKENS, shipped_guards[1]))
             ms = interleaved(m, batch, arms, rounds)
             ratios = {k: [o / s for s, o in zip(ms["shipped"], v)] for k, v in ms.items() if k != "shipped"}
             res["mixed"][name] = {"ms": {k: statistics.median(v) for k, v in ms.items()}, "ratios": ratios}

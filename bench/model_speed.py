@@ -32,8 +32,9 @@ from model.bert import BertForRelevance
 from model.checkpoint import save_checkpoint
 from model.config import BertConfig
 from model.kernels import OneDNNLinear
-from model.relevance import RelevanceModel, level_values, new_from_encoder, pad_batch
+from model.relevance import RelevanceModel, level_values, pad_batch
 from model.tokenizer import PairTokenizer
+from model.train.encoder import new_from_encoder
 
 BATCH = 32
 TARGETS = {"vs_transformers": 1.6, "vs_ort": 0.9, "low_precision_speedup": 1.5, "same_level": 0.97, "spearman": 0.99}

@@ -102,10 +102,13 @@ def load_config(path: Path) -> BertConfig:
         raise CheckpointError(f"{path} is not a checkpoint: it has no config.json")
     try:
         d = json.loads((path / "config.json").read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError) as e:
+        raise CheckpointError(f"cannot read {path / 'config.json'}: {e}") from e
+    try:
         if not isinstance(d, dict):
             raise ConfigError("not a JSON object")
         return read_config(d)
-    except (OSError, json.JSONDecodeError, ConfigError) as e:
+    except ConfigError as e:
         raise CheckpointError(f"{path / 'config.json'}: {e}") from e
 
 
@@ -126,7 +129,7 @@ def load_network(path: str | Path, num_labels_fallback: bool = False) -> Network
     arch = architecture(cfg.model_type)
     state, unknown = hf_to_ours(read_weights(path), arch)
     if unknown:
-        raise CheckpointError(f"{path}: unexpected tensors for {arch.hf_class}: {', '.join(unknown)}")
+        raise CheckpointError(f"{path}: unexpected tensors: {', '.join(unknown)} (not in {arch.hf_class}'s layout)")
     emb = state.get(arch.ours + ("word.weight" if arch.ours == "encoder." else "embeddings.word.weight"))
     if emb is not None and emb.shape[0] != cfg.vocab_size:
         raise CheckpointError(
@@ -137,7 +140,7 @@ def load_network(path: str | Path, num_labels_fallback: bool = False) -> Network
     if not has_head and not num_labels_fallback:
         raise CheckpointError(
             f"{path} has no classification head (classifier.weight); build one from this encoder "
-            "with `qtrel train --base` or model.relevance.new_from_encoder()"
+            "with `qtrel train --base` or model.train.encoder.new_from_encoder()"
         )
     load_state(model, state, allow_missing=() if has_head else ("classifier.",))
     return model  # type: ignore[return-value]  # arch.build makes the module its config names

@@ -12,8 +12,9 @@ import torch
 from torch import nn
 
 from model import fused_attention
-from model.bert import FUSED_MAX_TOKENS, BertForRelevance, Layer
+from model.bert import BertForRelevance
 from model.device import cpu_flags, cpu_runs_bf16_natively
+from model.engines.packed import FUSED_MAX_TOKENS, PackedLayer
 from model.onednn import OneDNNLinear, onednn_available, probe
 from model.packing import pack, token_buckets
 
@@ -69,7 +70,7 @@ def set_attention(module: nn.Module, kind: str) -> str:
     grouped = per_group_attention(_dtype_of(module)) if kind == "fused" else kind
     dtype = _dtype_of(module)
     for layer in module.modules():
-        if isinstance(layer, Layer):
+        if isinstance(layer, PackedLayer):
             longest = fused_max_tokens(dtype, layer.attn.head_size)
             layer.attn.kernel, layer.attn.grouped, layer.attn.fused_max = kind, grouped, longest
     return kind
@@ -81,7 +82,7 @@ def fused_max_tokens(dtype: torch.dtype, head_size: int = 32) -> int:
     tokens, the whole forward) or on AVX512-BF16 dot products without AMX (Zen 4: 1.07x flash at 512). Where
     the CPU has AMX but the tile path does not run (head sizes not a multiple of 32, or turned off), torch's
     kernels run on tiles and were never measured against the dot products; there, and in float32 arithmetic,
-    pairs up to model.bert.FUSED_MAX_TOKENS."""
+    pairs up to model.engines.packed.FUSED_MAX_TOKENS."""
     if dtype == torch.bfloat16 and fused_attention.amx() and head_size % 32 == 0:
         return 2**62
     if dtype == torch.bfloat16 and fused_attention.bf16_dot() and "amx_bf16" not in cpu_flags():
@@ -110,7 +111,7 @@ def fused_unavailable(module: nn.Module, dtype: torch.dtype) -> str | None:
     built, why = fused_attention.available()
     if not built:
         return why
-    layers = [m for m in module.modules() if isinstance(m, Layer)]
+    layers = [m for m in module.modules() if isinstance(m, PackedLayer)]
     if not all(fused_attention.supports(dtype, m.attn.head_size) for m in layers):
         return f"it does not compute {dtype} or these head sizes"
     return None
@@ -129,7 +130,7 @@ def attention_probe(module: nn.Module, rounds: int = 10) -> dict[str, float]:
     in), with this CPU's per-group kernel and with the fused one, on one thread (a model process's and a
     forward worker's layout). The projections around it are left out: the same for both, they were four
     fifths of the time timed and their noise flipped the choice on a Zen 3 (2 of 14 starts)."""
-    layer = next(m for m in module.modules() if isinstance(m, Layer))
+    layer = next(m for m in module.modules() if isinstance(m, PackedLayer))
     dtype = _dtype_of(module)
     ids = [[1] * n for n in PROBE_LENGTHS]
     p = pack(ids, [[0] * n for n in PROBE_LENGTHS], torch.device("cpu"), dtype)
@@ -201,7 +202,7 @@ def use_fused_norms(module: nn.Module, dtype: torch.dtype) -> bool:
     No probe: on Sapphire Rapids the op ran 2.1-2.6x torch's two in bfloat16 at 216-830 rows (1.1x at 32), the
     whole 1-thread forward 1.06-1.07x (bench/norm_ab.py, docs/benchmarks.md)."""
     built, _ = fused_attention.available()
-    layers = [m for m in module.modules() if isinstance(m, Layer)]
+    layers = [m for m in module.modules() if isinstance(m, PackedLayer)]
     on = built and all(fused_attention.norm_supports(n, dtype) for m in layers for n in (m.attn_norm, m.ffn_norm))
     for m in layers:
         m.fused_norm = on
@@ -238,10 +239,10 @@ def _fused(lin: type, weights: list[nn.Linear]) -> OneDNNLinear | nn.Linear:
 
 def _fuse_projections(model: nn.Module, lin: type) -> None:
     """q/k/v as one layer, except in the last layer: q, k and v apart there, since the packed forward needs
-    q for the [CLS] rows only (model.bert), and k and v then have the output layer's shape, whose oneDNN kernels
-    exist anyway (a k/v layer of its own shape cost ~50 MB of kernels over the warm-up ladder). Each weight is
-    kept once."""
-    layers = [m for m in model.modules() if isinstance(m, Layer)]
+    q for the [CLS] rows only (model.engines.packed), and k and v then have the output layer's shape, whose
+    oneDNN kernels exist anyway (a k/v layer of its own shape cost ~50 MB of kernels over the warm-up ladder).
+    Each weight is kept once."""
+    layers = [m for m in model.modules() if isinstance(m, PackedLayer)]
     for i, layer in enumerate(layers):
         a = layer.attn
         if i == len(layers) - 1:
@@ -258,35 +259,41 @@ def use_fused_linears(model: nn.Module) -> None:
     _fuse_projections(model, nn.Linear)
 
 
+def _weights(lin: nn.Module) -> tuple[torch.Tensor, torch.Tensor]:
+    assert isinstance(lin, nn.Linear), f"{type(lin).__name__} already swapped"
+    return lin.weight, lin.bias
+
+
 @torch.no_grad()
 def use_onednn_linears(model: nn.Module) -> None:
     """Swap the encoder's linear layers for pre-packed oneDNN ones (fused q/k/v, GELU fused into the
     feed-forward's first matmul). Inference only: packed weights are not trained or saved."""
     _fuse_projections(model, OneDNNLinear)
     for layer in model.modules():
-        if not isinstance(layer, Layer):
+        if not isinstance(layer, PackedLayer):
             continue
         a = layer.attn
-        a.out = OneDNNLinear(a.out.weight, a.out.bias)
+        a.out = OneDNNLinear(*_weights(a.out))
         fused = {"gelu": "none", "gelu_new": "tanh", "gelu_pytorch_tanh": "tanh"}.get(layer.act_name)
         if fused is not None:
-            layer.up = OneDNNLinear(layer.up.weight, layer.up.bias, "gelu", fused)
+            layer.up = OneDNNLinear(*_weights(layer.up), "gelu", fused)
             layer.act = nn.Identity()
         else:
-            layer.up = OneDNNLinear(layer.up.weight, layer.up.bias)
-        layer.down = OneDNNLinear(layer.down.weight, layer.down.bias)
+            layer.up = OneDNNLinear(*_weights(layer.up))
+        layer.down = OneDNNLinear(*_weights(layer.down))
 
 
 @torch.inference_mode()
 def warm_linear_shapes(module: BertForRelevance, max_tokens: int) -> int:
     """Run every distinct linear layer of the encoder once per token bucket up to `max_tokens`, so that
     oneDNN's kernels for those shapes exist before the first request. Returns the shapes warmed."""
-    seen: dict[tuple, tuple[nn.Linear | OneDNNLinear, int]] = {}
+    seen: dict[tuple, tuple[nn.Module, int]] = {}
     for m in module.modules():
-        if isinstance(m, Layer):
+        if isinstance(m, PackedLayer):
             a = m.attn
             lins = [x for x in (a.qkv, a.cls_q, a.cls_k, a.cls_v) if x is not None] or [a.query, a.key, a.value]
             for lin in lins + [a.out, m.up, m.down]:
+                assert isinstance(lin, (nn.Linear, OneDNNLinear)), type(lin)
                 fan_in = lin.weight_in if isinstance(lin, OneDNNLinear) else lin.in_features
                 seen.setdefault((type(lin), fan_in, lin.out_features, getattr(lin, "act", None)), (lin, fan_in))
     ref = module.bert.embeddings.word.weight

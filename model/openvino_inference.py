@@ -31,7 +31,7 @@ from torch import Tensor, nn
 from model import int8
 from model.bert import BertForRelevance
 from model.int8 import Int8Plan
-from model.relevance import pad_batch
+from model.packing import pad_batch
 
 log = logging.getLogger("qtrel.model")
 

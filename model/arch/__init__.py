@@ -30,7 +30,8 @@ def architecture(model_type: str) -> Architecture:
         return ARCHITECTURES[model_type]
     except KeyError:
         raise ConfigError(
-            f"model_type {model_type!r} is not supported; qtrel runs {', '.join(sorted(ARCHITECTURES))}"
+            f"model_type {model_type!r} is not supported; qtrel runs BERT-family encoders and ModernBERT "
+            f"({', '.join(sorted(ARCHITECTURES))})"
         ) from None
 
 

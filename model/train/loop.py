@@ -33,9 +33,10 @@ from torch import Tensor
 from model.bert import BertForRelevance
 from model.checkpoint import has_head, load_module, save_checkpoint
 from model.data import Dataset, Example, read_labelled
-from model.relevance import RelevanceModel, level_values, new_from_encoder, pad_batch
+from model.relevance import RelevanceModel, level_values, pad_batch
 from model.tokenizer import PairTokenizer
 from model.train.args import SELECT, TrainArgs
+from model.train.encoder import new_from_encoder
 from model.train.evaluate import metrics_of, negatives_report, score_dataset
 from model.train.negatives import vocabulary_words, with_negatives
 from model.train.teacher import read_teacher, teacher_targets

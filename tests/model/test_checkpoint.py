@@ -11,7 +11,8 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from model.checkpoint import CheckpointError, load_module, save_checkpoint
-from model.relevance import RelevanceModel, new_from_encoder, pad_batch
+from model.relevance import RelevanceModel, pad_batch
+from model.train.encoder import new_from_encoder
 from tests.conftest import make_tiny_checkpoint, read_pairs
 
 QUERY_BIAS = "bert.encoder.layer.1.attention.self.key.bias"  # a tensor every tiny checkpoint has

@@ -18,6 +18,7 @@ from model import kernels as kernel_layer
 from model.bert import BertForRelevance
 from model.config import BertConfig
 from model.device import cpu_flags
+from model.engines.packed import PackedBertForRelevance
 from model.relevance import RelevanceModel
 from tests.conftest import read_pairs
 
@@ -328,7 +329,7 @@ def test_long_pairs_go_to_the_per_group_kernel(tiny_checkpoint, unpacked, encode
     """The pairs over a layer's `fused_max` (where torch's kernel measured faster) attend per group and the rest of
     their batch stays fused, in every layer, the last one ([CLS] only) included: the reference's logits
     whatever the split, with and without a head mask."""
-    import model.bert as bert
+    import model.engines.packed as packed
 
     m = RelevanceModel.load(tiny_checkpoint)
     m.use_attention("fused")
@@ -338,14 +339,18 @@ def test_long_pairs_go_to_the_per_group_kernel(tiny_checkpoint, unpacked, encode
     want = {i: unpacked.logits(encoded.input_ids, encoded.token_type_ids, hm) for i, hm in enumerate((None, mask))}
     fused_pairs: list[int] = []
     grouped_pairs: list[int] = []
-    real_fused, real_attend = bert.packed_attention, bert.SelfAttention._attend
+    real_fused, real_attend = packed.packed_attention, packed.PackedSelfAttention._attend
     for limit in (lengths[-1], lengths[-2], lengths[len(lengths) // 2], lengths[0] - 1):
         long = sum(n > limit for n in lengths)
         for layer in m.module.bert.blocks:
             monkeypatch.setattr(layer.attn, "fused_max", limit)
-        monkeypatch.setattr(bert, "packed_attention", lambda *a, **k: fused_pairs.append(a[4].n) or real_fused(*a, **k))
         monkeypatch.setattr(
-            bert.SelfAttention, "_attend", lambda s, q, *a: grouped_pairs.append(q.shape[0]) or real_attend(s, q, *a)
+            packed, "packed_attention", lambda *a, **k: fused_pairs.append(a[4].n) or real_fused(*a, **k)
+        )
+        monkeypatch.setattr(
+            packed.PackedSelfAttention,
+            "_attend",
+            lambda s, q, *a: grouped_pairs.append(q.shape[0]) or real_attend(s, q, *a),
         )
         for i, hm in enumerate((None, mask)):
             fused_pairs.clear(), grouped_pairs.clear()
@@ -358,23 +363,23 @@ def test_long_pairs_go_to_the_per_group_kernel(tiny_checkpoint, unpacked, encode
 
 def count_calls(monkeypatch) -> list[int]:
     """Fused kernel calls per forward, recorded while the test runs (so a test sees the kernel really ran)."""
-    import model.bert as bert
+    import model.engines.packed as packed
 
     calls: list[int] = []
-    real = bert.packed_attention
+    real = packed.packed_attention
 
     def counted(*a, **k):
         calls[-1] += 1
         return real(*a, **k)
 
-    real_forward = bert.BertEncoder.forward_packed
+    real_forward = packed.PackedEncoder.forward_packed
 
     def forward(self, *a, **k):
         calls.append(0)
         return real_forward(self, *a, **k)
 
-    monkeypatch.setattr(bert, "packed_attention", counted)
-    monkeypatch.setattr(bert.BertEncoder, "forward_packed", forward)
+    monkeypatch.setattr(packed, "packed_attention", counted)
+    monkeypatch.setattr(packed.PackedEncoder, "forward_packed", forward)
     return calls
 
 
@@ -383,18 +388,18 @@ def test_fused_max_tokens_per_path(tiny_checkpoint, monkeypatch):
     AVX512-BF16 path without AMX (each measured faster than torch's kernels at every length); with AMX but
     not its tile path, with the dot path off and in float32, pairs up to FUSED_MAX_TOKENS; each layer gets the
     bound of its model's precision and head size when the kernel is set."""
-    import model.bert as bert
+    import model.engines.packed as packed
 
     everything, amx_flags = 2**62, {"avx512_bf16", "amx_bf16"}
     for flags, dot, amx, dtype, hs, want in (
         ({"avx512_bf16"}, True, False, torch.bfloat16, 32, everything),
         (amx_flags, True, True, torch.bfloat16, 32, everything),
         (amx_flags, True, True, torch.bfloat16, 64, everything),
-        (amx_flags, True, True, torch.bfloat16, 16, bert.FUSED_MAX_TOKENS),  # the dot path, on an AMX CPU
-        (amx_flags, True, False, torch.bfloat16, 32, bert.FUSED_MAX_TOKENS),
-        ({"avx512_bf16"}, False, False, torch.bfloat16, 32, bert.FUSED_MAX_TOKENS),
-        ({"avx512_bf16"}, True, False, torch.float32, 32, bert.FUSED_MAX_TOKENS),
-        (amx_flags, True, True, torch.float32, 32, bert.FUSED_MAX_TOKENS),
+        (amx_flags, True, True, torch.bfloat16, 16, packed.FUSED_MAX_TOKENS),  # the dot path, on an AMX CPU
+        (amx_flags, True, False, torch.bfloat16, 32, packed.FUSED_MAX_TOKENS),
+        ({"avx512_bf16"}, False, False, torch.bfloat16, 32, packed.FUSED_MAX_TOKENS),
+        ({"avx512_bf16"}, True, False, torch.float32, 32, packed.FUSED_MAX_TOKENS),
+        (amx_flags, True, True, torch.float32, 32, packed.FUSED_MAX_TOKENS),
     ):
         monkeypatch.setattr(kernel_layer, "cpu_flags", lambda f=flags: frozenset(f))
         monkeypatch.setattr(kernel_layer.fused_attention, "bf16_dot", lambda d=dot: d)
@@ -409,14 +414,14 @@ def test_fused_max_tokens_per_path(tiny_checkpoint, monkeypatch):
     monkeypatch.undo()
     m = RelevanceModel.load(tiny_checkpoint, dtype="float32")
     m.use_attention("fused")
-    assert {layer.attn.fused_max for layer in m.module.bert.blocks} == {bert.FUSED_MAX_TOKENS}
+    assert {layer.attn.fused_max for layer in m.module.bert.blocks} == {packed.FUSED_MAX_TOKENS}
 
 
 def test_pruned_layers(monkeypatch):
     """Layers with different head counts (pruning) each call the kernel with their own."""
     cfg = BertConfig(vocab_size=50, hidden_size=64, num_hidden_layers=3, num_attention_heads=4, intermediate_size=64,
                      max_position_embeddings=64, pruned_heads={0: [1, 3], 2: [0]})  # fmt: skip
-    module = BertForRelevance(cfg)
+    module = PackedBertForRelevance(BertForRelevance(cfg))
     module.init_weights(seed=3)
     module.eval()
     g = torch.Generator().manual_seed(1)

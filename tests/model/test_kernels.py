@@ -12,8 +12,9 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from model import bert, fused_attention
+from model import fused_attention
 from model import kernels as kernel_layer
+from model.engines import packed
 from model.kernels import OneDNNLinear, onednn_available, onednn_pays, probe, warm_linear_shapes
 from model.packing import token_buckets
 from model.relevance import RelevanceModel, pad_batch
@@ -190,7 +191,7 @@ def test_broken_private_ops_fall_back_to_the_plain_layers(tiny_checkpoint, unpac
         layer.fused_norm = False
     got = fallback.logits(encoded.input_ids, encoded.token_type_ids)
     with torch.inference_mode():  # the plain layers, without padding: the same computation exactly
-        same = unpacked.module.forward_packed(encoded.input_ids, encoded.token_type_ids)
+        same = packed.packed(unpacked.module).forward_packed(encoded.input_ids, encoded.token_type_ids)
     assert torch.equal(got, same.float())
     want = unpacked.logits(encoded.input_ids, encoded.token_type_ids)  # padded, plain
     torch.testing.assert_close(got, want, atol=ATOL, rtol=0)
@@ -241,8 +242,8 @@ def test_math_attention_only_on_blocks_shorter_than_64_keys(tiny_checkpoint, unp
     m = RelevanceModel.load(tiny_checkpoint, dtype="float32")
     m.use_attention("math")
     keys: list[int] = []
-    real = bert.math_attention
-    monkeypatch.setattr(bert, "math_attention", lambda q, k, v, b: keys.append(k.shape[-2]) or real(q, k, v, b))
+    real = packed.math_attention
+    monkeypatch.setattr(packed, "math_attention", lambda q, k, v, b: keys.append(k.shape[-2]) or real(q, k, v, b))
     vocab = m.module.bert.embeddings.word.num_embeddings
     gen = torch.Generator().manual_seed(0)
 
@@ -254,5 +255,5 @@ def test_math_attention_only_on_blocks_shorter_than_64_keys(tiny_checkpoint, unp
         keys.clear()
         ids, seg = [p[0] for p in pairs], [p[1] for p in pairs]
         got = m.logits(ids, seg)
-        assert bool(keys) is want and all(k <= bert.MATH_MAX_TOKENS for k in keys)
+        assert bool(keys) is want and all(k <= packed.MATH_MAX_TOKENS for k in keys)
         torch.testing.assert_close(got, unpacked.logits(ids, seg), atol=ATOL, rtol=0)

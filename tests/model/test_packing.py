@@ -93,13 +93,13 @@ def test_unpadded_pruned_model_equals_padded(tmp_path):
     torch.testing.assert_close(got, want, atol=ATOL, rtol=0)
 
 
-def test_forward_packed_refuses_training_mode(unpacked):
-    unpacked.module.train()
+def test_forward_packed_refuses_training_mode(model):
+    model.module.train()
     try:
         with pytest.raises(RuntimeError, match="inference"):
-            unpacked.module.forward_packed([[101, 102]], [[0, 0]])
+            model.module.forward_packed([[101, 102]], [[0, 0]])
     finally:
-        unpacked.module.eval()
+        model.module.eval()
 
 
 def test_token_slices_cut_a_batch_into_consecutive_runs_under_the_budget():
@@ -109,13 +109,14 @@ def test_token_slices_cut_a_batch_into_consecutive_runs_under_the_budget():
 
 
 def test_fused_kernels_forward_a_long_batch_in_slices_with_the_same_logits(tiny_checkpoint, monkeypatch):
-    from model import kernels, relevance
+    from model import kernels
+    from model.engines import eager
 
     monkeypatch.setattr(kernels, "onednn_pays", lambda dtype: False)
     fused = RelevanceModel.load(tiny_checkpoint)
     assert fused.cpu_kernels == "fused"
     enc = fused.encode(read_pairs(40))
     whole = fused.logits(enc.input_ids, enc.token_type_ids)
-    monkeypatch.setattr(relevance, "FUSED_FORWARD_TOKENS", 64)  # several slices of this batch
+    monkeypatch.setattr(eager, "FUSED_FORWARD_TOKENS", 64)  # several slices of this batch
     assert len(token_slices(enc.lengths, 64)) > 3
     torch.testing.assert_close(fused.logits(enc.input_ids, enc.token_type_ids), whole, atol=1e-5, rtol=0)

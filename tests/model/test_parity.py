@@ -15,7 +15,8 @@ import torch
 from safetensors.torch import save_file
 
 from model.checkpoint import save_checkpoint
-from model.relevance import RelevanceModel, new_from_encoder, pad_batch
+from model.relevance import RelevanceModel, pad_batch
+from model.train.encoder import new_from_encoder
 from tests.conftest import minilm_dir, read_pairs
 
 transformers = pytest.importorskip("transformers")

@@ -207,7 +207,7 @@ def test_continue_or_new_head_is_decided_by_the_weights_not_an_error_message(
 
 def test_an_encoder_tensor_of_another_shape_is_refused_not_trained_as_pretrained(tmp_path):
     from model.checkpoint import CheckpointError
-    from model.relevance import new_from_encoder
+    from model.train.encoder import new_from_encoder
     from tests.conftest import make_tiny_checkpoint
 
     base = make_tiny_checkpoint(tmp_path / "enc")
