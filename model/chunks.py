@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from model.levels import CHUNK_OVERLAP
-from model.tokenizer import SPECIAL_TOKENS_IN_PAIR, PairTokenizer
+from model.tokenizer import PairTokenizer
 
 __all__ = ["CHUNK_OVERLAP", "MIN_WINDOW", "Window", "best", "plan", "split", "split_pairs", "stride_of"]
 
@@ -101,7 +101,7 @@ def split_pairs(
 ) -> list[list[Window]]:
     """Per pair, the windows of its title: as many pieces as the query leaves of the model's window."""
     uniq = list(dict.fromkeys(queries))
-    room = {q: tok.max_length - SPECIAL_TOKENS_IN_PAIR - len(ids) for q, ids in zip(uniq, tok.encode_texts(uniq))}
+    room = {q: tok.max_length - tok.template.specials - len(ids) for q, ids in zip(uniq, tok.encode_texts(uniq))}
     out = []
     for q, t, (offsets, words) in zip(queries, titles, tok.word_offsets(titles)):
         size = room[q]

@@ -17,6 +17,8 @@ from typing import Literal
 from tokenizers import Tokenizer, normalizers, pre_tokenizers
 from tokenizers.models import WordPiece
 
+from model.pair_template import PairTemplate, TemplateError
+
 Truncation = Literal["only_second", "longest_first"]
 TRUNCATIONS: tuple[str, ...] = ("only_second", "longest_first")
 SPECIAL_TOKENS_IN_PAIR = 3  # [CLS], [SEP], [SEP]
@@ -49,15 +51,18 @@ class PairCut:
     query_kept: list[int]
     title_kept: list[int]
     side: str  # "right": cut from the end; "left": from the start
+    template: PairTemplate | None = None  # the frame; None: BERT's
 
     @property
     def truncated(self) -> bool:
         return len(self.query_kept) < len(self.query) or len(self.title_kept) < len(self.title)
 
     @property
-    def specials(self) -> tuple[int, int, int]:
-        """Positions of [CLS], the middle [SEP] and the last [SEP] in the framed pair."""
+    def specials(self) -> tuple[int, ...]:
+        """Positions of the special tokens in the framed pair ([CLS], the middle [SEP], the last [SEP] in BERT's)."""
         n_query, n_title = len(self.query_kept), len(self.title_kept)
+        if self.template is not None:
+            return self.template.positions(n_query, n_title)
         return 0, n_query + 1, n_query + n_title + 2
 
     def dropped(self, full: list[int], kept: list[int]) -> list[int]:
@@ -87,13 +92,14 @@ class PairTokenizer:
         self._tok.no_truncation()
         self._tok.no_padding()
         vocab = tokenizer.get_vocab()
-        try:
-            self.cls_id, self.sep_id = vocab["[CLS]"], vocab["[SEP]"]
-        except KeyError as e:
-            raise TokenizerError(f"the vocabulary has no {e.args[0]} token") from None
-        self.pad_id = vocab.get("[PAD]", 0)
+        try:  # the pair frame the tokenizer's own post-processor defines (model.pair_template)
+            self.template = PairTemplate.of(tokenizer)
+        except TemplateError as e:
+            raise TokenizerError(str(e)) from None
+        self.cls_id, self.sep_id = self.template.cls_id, self.template.sep_id
+        self.pad_id = vocab.get("[PAD]", vocab.get("<pad>", 0))
         self.vocab_size = tokenizer.get_vocab_size()
-        if max_length < SPECIAL_TOKENS_IN_PAIR + 2:
+        if max_length < self.template.specials + 2:
             raise TokenizerError(f"max_length {max_length} is too small for a pair")
         self.max_length = max_length
         self._ascii = AsciiWordPiece.of(tokenizer)
@@ -120,6 +126,11 @@ class PairTokenizer:
     def save(self, path: str | Path) -> None:
         path = Path(path)
         tok = Tokenizer.from_str(self._tok.to_str())
+        if self._tok.token_to_id("[CLS]") is None:  # not BERT's: its own files, as they came
+            tok.save(str(path / "tokenizer.json"))
+            config = {"tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": self.max_length}
+            (path / "tokenizer_config.json").write_text(json.dumps(config, indent=2), encoding="utf-8")
+            return
         tok.post_processor = _bert_post_processor(self.cls_id, self.sep_id)
         tok.save(str(path / "tokenizer.json"))
         vocab = sorted(self._tok.get_vocab().items(), key=lambda kv: kv[1])
@@ -213,7 +224,7 @@ class PairTokenizer:
         if side not in ("right", "left"):
             raise TokenizerError(f"side must be 'right' or 'left', got {side!r}")
         limit = self.max_length if max_length is None else min(max_length, self.max_length)
-        budget = limit - SPECIAL_TOKENS_IN_PAIR
+        budget = limit - self.template.specials
         if budget < 2:
             raise TokenizerError(f"max_length {limit} is too small for a pair")
         # One query against many titles is the common request: encode each distinct query once.
@@ -229,17 +240,18 @@ class PairTokenizer:
                 else:  # longest_first on request, or the query alone leaves no room for a title
                     nq, nt = longest_first(nq, nt, budget)
             if side == "right":
-                cuts.append(PairCut(qi, t, qi[:nq], t[:nt], side))
+                cuts.append(PairCut(qi, t, qi[:nq], t[:nt], side, self.template))
             else:
-                cuts.append(PairCut(qi, t, qi[len(qi) - nq :], t[len(t) - nt :], side))
+                cuts.append(PairCut(qi, t, qi[len(qi) - nq :], t[len(t) - nt :], side, self.template))
         return cuts
 
     def _frame(self, cuts: Sequence[PairCut]) -> EncodedPairs:
         """`[CLS] query [SEP] title [SEP]` with segment ids 0/1, of what each cut kept."""
         out = EncodedPairs([], [], [])
         for c in cuts:
-            out.input_ids.append([self.cls_id, *c.query_kept, self.sep_id, *c.title_kept, self.sep_id])
-            out.token_type_ids.append([0] * (len(c.query_kept) + 2) + [1] * (len(c.title_kept) + 1))
+            ids, segments = self.template.frame(c.query_kept, c.title_kept)
+            out.input_ids.append(ids)
+            out.token_type_ids.append(segments)
             out.truncated.append(c.truncated)
         return out
 

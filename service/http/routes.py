@@ -10,6 +10,7 @@ from typing import Any
 from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse, PlainTextResponse
 
+from model.levels import raw_score
 from service.errors import ErrorKind, ServiceError
 from service.http.deps import EngineDep, MetricsDep, SettingsDep, TimeoutHeader, UseCacheDep
 from service.http.schemas import (
@@ -153,7 +154,7 @@ async def score(
         r: dict[str, Any] = {
             "index": i,
             "level": labels[out.level],
-            "score": out.expected,
+            "score": raw_score(out.logits) if body.raw_scores else out.expected,
             "tokens": n,
             "truncated": cut,
         }
@@ -215,7 +216,7 @@ async def rerank(
     use_cache: UseCacheDep,
     timeout_ms: TimeoutHeader = None,
 ):
-    """TEI-compatible: texts ranked for the query by expected level, best first."""
+    """TEI-compatible: texts ranked for the query by expected level (raw_scores: raw logit), best first."""
     scored = await score_watched(
         request,
         engine,
@@ -232,7 +233,7 @@ async def rerank(
     )
     ranks = []
     for i, o in enumerate(scored.outputs):
-        r: dict[str, Any] = {"index": i, "score": o.expected}
+        r: dict[str, Any] = {"index": i, "score": raw_score(o.logits) if body.raw_scores else o.expected}
         if body.return_text:
             r["text"] = body.texts[i]
         if (w := window_of(scored, i)) is not None:
