@@ -10,6 +10,7 @@ from typing import Any
 import torch
 from tokenizers import Tokenizer
 from tokenizers.models import WordPiece
+from tokenizers.pre_tokenizers import WhitespaceSplit
 
 VOCAB = 300
 TITLE = 60  # longest random title
@@ -82,7 +83,9 @@ def center_head(model, pad: int) -> None:
 
 def tiny_wordpiece() -> Tokenizer:
     words = [f"w{i}" for i in range(VOCAB - len(SPECIALS))]
-    return Tokenizer(WordPiece({t: i for i, t in enumerate(SPECIALS + words)}, unk_token="[UNK]"))
+    tok = Tokenizer(WordPiece({t: i for i, t in enumerate(SPECIALS + words)}, unk_token="[UNK]"))
+    tok.pre_tokenizer = WhitespaceSplit()
+    return tok
 
 
 def random_pairs(n: int, seed: int = 0, cls: int = 2, sep: int = 3) -> tuple[list[list[int]], list[list[int]]]:
