@@ -40,19 +40,33 @@ class EncoderOutput:
 
 
 class Embeddings(nn.Module):
+    """Word + position (+ segment) embeddings, normalised. The BERT-shaped architectures differ here only
+    (model.arch): XLM-R's positions start at pad_token_id + 1 and it has one segment, DistilBERT none,
+    ELECTRA's embeddings are narrower than its layers and projected up."""
+
     def __init__(self, cfg: BertConfig):
         super().__init__()
-        self.word = nn.Embedding(cfg.vocab_size, cfg.hidden_size, padding_idx=cfg.pad_token_id)
-        self.position = nn.Embedding(cfg.max_position_embeddings, cfg.hidden_size)
-        self.token_type = nn.Embedding(cfg.type_vocab_size, cfg.hidden_size)
-        self.norm = nn.LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps)
+        e = cfg.embedding_width
+        self.word = nn.Embedding(cfg.vocab_size, e, padding_idx=cfg.pad_token_id)
+        self.position = nn.Embedding(cfg.max_position_embeddings, e)
+        self.token_type = nn.Embedding(cfg.type_vocab_size, e) if cfg.type_vocab_size else None
+        self.segments = cfg.type_vocab_size > 1  # one segment: every token is segment 0, whatever it is sent
+        self.offset = cfg.position_offset
+        self.norm = nn.LayerNorm(e, eps=cfg.layer_norm_eps)
+        self.project = nn.Linear(e, cfg.hidden_size) if e != cfg.hidden_size else None
         self.dropout = nn.Dropout(cfg.hidden_dropout_prob)
 
+    def sum(self, ids: Tensor, segments: Tensor, positions: Tensor) -> Tensor:
+        """(..., H) embeddings of these token ids at these segments and positions (0-based in their pair)."""
+        x = self.word(ids) + self.position(positions + self.offset)
+        if self.token_type is not None:
+            x = x + (self.token_type(segments) if self.segments else self.token_type.weight[0])
+        x = self.norm(x)
+        return x if self.project is None else self.project(x)
+
     def forward(self, input_ids: Tensor, token_type_ids: Tensor) -> Tensor:
-        T = input_ids.shape[1]
-        pos = torch.arange(T, device=input_ids.device)
-        x = self.word(input_ids) + self.token_type(token_type_ids) + self.position(pos)[None]  # (B, T, H)
-        return self.dropout(self.norm(x))
+        pos = torch.arange(input_ids.shape[1], device=input_ids.device)[None]
+        return self.dropout(self.sum(input_ids, token_type_ids, pos))  # (B, T, H)
 
 
 class SelfAttention(nn.Module):
@@ -136,12 +150,18 @@ class Layer(nn.Module):
 
 
 class Pooler(nn.Module):
+    """BERT's pooler, and the dense layer of XLM-R's, ELECTRA's and DistilBERT's heads: act(dense([CLS]))."""
+
     def __init__(self, cfg: BertConfig):
         super().__init__()
         self.dense = nn.Linear(cfg.hidden_size, cfg.hidden_size)
+        self.act = nn.Tanh() if cfg.pooler_act == "tanh" else activation(cfg.pooler_act)
 
     def forward(self, hidden: Tensor) -> Tensor:
-        return torch.tanh(self.dense(hidden[:, 0]))  # (B, T, H) -> (B, H), from [CLS]
+        return self.pool(hidden[:, 0])  # (B, T, H) -> (B, H), from [CLS]
+
+    def pool(self, cls: Tensor) -> Tensor:
+        return self.act(self.dense(cls))
 
 
 class BertEncoder(nn.Module):

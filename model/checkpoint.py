@@ -14,85 +14,46 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
+from model.arch import Architecture, Network, architecture, read_config
+from model.arch.bert import BERT
 from model.bert import BertForRelevance
 from model.config import BertConfig, CheckpointError, ConfigError
 
-# (Hugging Face key, our key) patterns, without the `bert.` prefix; {i} is a layer index.
-_KEY_MAP = [
-    ("embeddings.word_embeddings.weight", "embeddings.word.weight"),
-    ("embeddings.position_embeddings.weight", "embeddings.position.weight"),
-    ("embeddings.token_type_embeddings.weight", "embeddings.token_type.weight"),
-    ("embeddings.LayerNorm.{p}", "embeddings.norm.{p}"),
-    ("encoder.layer.{i}.attention.self.query.{p}", "layers.{i}.attn.query.{p}"),
-    ("encoder.layer.{i}.attention.self.key.{p}", "layers.{i}.attn.key.{p}"),
-    ("encoder.layer.{i}.attention.self.value.{p}", "layers.{i}.attn.value.{p}"),
-    ("encoder.layer.{i}.attention.output.dense.{p}", "layers.{i}.attn.out.{p}"),
-    ("encoder.layer.{i}.attention.output.LayerNorm.{p}", "layers.{i}.attn_norm.{p}"),
-    ("encoder.layer.{i}.intermediate.dense.{p}", "layers.{i}.up.{p}"),
-    ("encoder.layer.{i}.output.dense.{p}", "layers.{i}.down.{p}"),
-    ("encoder.layer.{i}.output.LayerNorm.{p}", "layers.{i}.ffn_norm.{p}"),
-    ("pooler.dense.{p}", "pooler.dense.{p}"),
-]
 # Buffers some checkpoints carry that hold no learned weights.
-_IGNORED = re.compile(r"^(bert\.)?embeddings\.position_ids$")
+_IGNORED = re.compile(r"^(\w+\.)?embeddings\.(position_ids|token_type_ids)$")
 
 
-def _pattern(template: str) -> re.Pattern[str]:
-    rx = re.escape(template).replace(r"\{i\}", r"(?P<i>\d+)").replace(r"\{p\}", r"(?P<p>weight|bias)")
-    return re.compile(f"^{rx}$")
-
-
-_HF_TO_OURS = [(_pattern(hf), ours) for hf, ours in _KEY_MAP]
-_OURS_TO_HF = [(_pattern(ours), hf) for hf, ours in _KEY_MAP]
-
-
-def _translate(key: str, table) -> str | None:
-    for rx, target in table:
-        m = rx.match(key)
-        if m:
-            return target.format(**m.groupdict())
-    return None
-
-
-def hf_to_ours(hf_state: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], list[str]]:
-    """Map a Hugging Face BERT state dict to our names. Returns (state, keys we did not recognise)."""
+def hf_to_ours(
+    hf_state: dict[str, torch.Tensor], arch: Architecture = BERT
+) -> tuple[dict[str, torch.Tensor], list[str]]:
+    """Map a Hugging Face state dict of `arch` to our names. Returns (state, keys we did not recognise)."""
     state: dict[str, torch.Tensor] = {}
     unknown: list[str] = []
     for key, value in hf_state.items():
         if _IGNORED.match(key):
             continue
         k = re.sub(r"\.gamma$", ".weight", re.sub(r"\.beta$", ".bias", key))  # old LayerNorm names
-        if k.startswith("classifier."):
-            state[k] = value
-            continue
-        k = k.removeprefix("bert.")
-        ours = _translate(k, _HF_TO_OURS)
+        ours = arch.to_ours(k)
         if ours is None:
             unknown.append(key)
         else:
-            state["bert." + ours] = value
+            state[ours] = value
     return state, unknown
 
 
-def ours_to_hf(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+def ours_to_hf(state: dict[str, torch.Tensor], arch: Architecture = BERT) -> dict[str, torch.Tensor]:
     out = {}
     for key, value in state.items():
-        if key.startswith("classifier."):
-            out[key] = value
-            continue
-        hf = _translate(key.removeprefix("bert."), _OURS_TO_HF)
+        hf = arch.to_hf(key)
         if hf is None:
             raise CheckpointError(f"no Hugging Face name for {key}")
-        out["bert." + hf] = value
+        out[hf] = value
     return out
 
 
-def _file_name(key: str) -> str:
+def _file_name(key: str, arch: Architecture = BERT) -> str:
     """The Hugging Face name of one of our keys, as the user sees it in the checkpoint file."""
-    if key.startswith("classifier."):
-        return key
-    hf = _translate(key.removeprefix("bert."), _OURS_TO_HF)
-    return "bert." + hf if hf else key
+    return arch.to_hf(key) or key
 
 
 def read_weights(path: Path) -> dict[str, torch.Tensor]:
@@ -108,14 +69,15 @@ def read_weights(path: Path) -> dict[str, torch.Tensor]:
     raise CheckpointError(f"{path} has no model.safetensors or pytorch_model.bin")
 
 
-def load_state(model: BertForRelevance, state: dict[str, torch.Tensor], allow_missing: tuple[str, ...] = ()) -> None:
+def load_state(model: torch.nn.Module, state: dict[str, torch.Tensor], allow_missing: tuple[str, ...] = ()) -> None:
     """Copy `state` into `model`; every problem is collected and named in one error.
     `allow_missing` lists key prefixes that may be absent (a fresh head being built)."""
+    arch = architecture(getattr(model, "cfg", BertConfig()).model_type)
     expected = model.state_dict()
-    missing = [_file_name(k) for k in expected if k not in state and not k.startswith(allow_missing)]
-    unexpected = [_file_name(k) for k in state if k not in expected]
+    missing = [_file_name(k, arch) for k in expected if k not in state and not k.startswith(allow_missing)]
+    unexpected = [_file_name(k, arch) for k in state if k not in expected]
     shapes = [
-        f"{_file_name(k)}: checkpoint {tuple(v.shape)} vs model {tuple(expected[k].shape)}"
+        f"{_file_name(k, arch)}: checkpoint {tuple(v.shape)} vs model {tuple(expected[k].shape)}"
         for k, v in state.items()
         if k in expected and v.shape != expected[k].shape
     ]
@@ -139,34 +101,41 @@ def load_config(path: Path) -> BertConfig:
     if not (path / "config.json").is_file():
         raise CheckpointError(f"{path} is not a checkpoint: it has no config.json")
     try:
-        return BertConfig.from_file(path / "config.json")
+        d = json.loads((path / "config.json").read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError) as e:
+        raise CheckpointError(f"cannot read {path / 'config.json'}: {e}") from e
+    try:
+        if not isinstance(d, dict):
+            raise ConfigError("not a JSON object")
+        return read_config(d)
     except ConfigError as e:
         raise CheckpointError(f"{path / 'config.json'}: {e}") from e
 
 
 def has_head(path: str | Path) -> bool:
     """Whether the checkpoint at `path` carries a classification head (`classifier.weight`)."""
-    state, _ = hf_to_ours(read_weights(Path(path)))
+    arch = architecture(load_config(Path(path)).model_type)
+    state, _ = hf_to_ours(read_weights(Path(path)), arch)
     return "classifier.weight" in state
 
 
-def load_module(path: str | Path, num_labels_fallback: bool = False) -> BertForRelevance:
-    """Build the relevance module from a checkpoint directory.
+def load_network(path: str | Path, num_labels_fallback: bool = False) -> Network:
+    """Build the relevance module of any architecture (model.arch) from a checkpoint directory.
 
     A checkpoint that has a classification head must match it exactly. With `num_labels_fallback`,
     an encoder-only checkpoint (no `classifier.*`) is accepted and its head left for the caller."""
     path = Path(path)
     cfg = load_config(path)
-    state, unknown = hf_to_ours(read_weights(path))
+    arch = architecture(cfg.model_type)
+    state, unknown = hf_to_ours(read_weights(path), arch)
     if unknown:
-        raise CheckpointError(f"{path}: unexpected tensors: {', '.join(unknown)}")
-    emb = state.get("bert.embeddings.word.weight")
+        raise CheckpointError(f"{path}: unexpected tensors: {', '.join(unknown)} (not in {arch.hf_class}'s layout)")
+    emb = state.get(arch.ours + ("word.weight" if arch.ours == "encoder." else "embeddings.word.weight"))
     if emb is not None and emb.shape[0] != cfg.vocab_size:
         raise CheckpointError(
             f"{path}: word embeddings have {emb.shape[0]} rows but config.vocab_size is {cfg.vocab_size}"
         )
-    with_pooler = "bert.pooler.dense.weight" in state
-    model = BertForRelevance(cfg, with_pooler=with_pooler)
+    model = arch.build(cfg, arch.pooler_key in state)
     has_head = "classifier.weight" in state
     if not has_head and not num_labels_fallback:
         raise CheckpointError(
@@ -174,22 +143,33 @@ def load_module(path: str | Path, num_labels_fallback: bool = False) -> BertForR
             "with `qtrel train --base` or model.train.encoder.new_from_encoder()"
         )
     load_state(model, state, allow_missing=() if has_head else ("classifier.",))
-    return model
+    return model  # type: ignore[return-value]  # arch.build makes the module its config names
 
 
-def save_checkpoint(module: BertForRelevance, tokenizer, path: str | Path, dtype: torch.dtype | None = None) -> None:
-    """Write config.json, model.safetensors (optionally cast, e.g. float16) and the tokenizer files."""
+def load_module(path: str | Path, num_labels_fallback: bool = False) -> BertForRelevance:
+    """`load_network` for the BERT-shaped architectures (BERT, XLM-R, ELECTRA, DistilBERT), which training,
+    pruning and int8 work on; a ModernBERT checkpoint is refused with the reason."""
+    module = load_network(path, num_labels_fallback)
+    if not isinstance(module, BertForRelevance):
+        raise CheckpointError(f"{path} is a {module.cfg.model_type} checkpoint: this step runs BERT-shaped encoders")
+    return module
+
+
+def save_checkpoint(module: Network, tokenizer, path: str | Path, dtype: torch.dtype | None = None) -> None:
+    """Write config.json, model.safetensors (optionally cast, e.g. float16) and the tokenizer files, in the
+    layout of the module's architecture, so that `transformers` reads them."""
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
+    arch = architecture(module.cfg.model_type)
     state = {}
-    for k, v in ours_to_hf(module.state_dict()).items():
+    for k, v in ours_to_hf(module.state_dict(), arch).items():
         v = v.detach().to("cpu")
         if dtype is not None and v.is_floating_point():
             v = v.to(dtype)
         state[k] = v.contiguous()
     save_file(state, str(path / "model.safetensors"), metadata={"format": "pt"})
     (path / "model.safetensors").chmod(0o644)  # safetensors writes 0600: unreadable to a non-root server
-    cfg = module.cfg.to_dict()
+    cfg = arch.write_config(module.cfg)
     cfg["torch_dtype"] = str(dtype or torch.float32).removeprefix("torch.")
     (path / "config.json").write_text(json.dumps(cfg, indent=2) + "\n", encoding="utf-8")
     tokenizer.save(path)
@@ -204,7 +184,7 @@ def export_checkpoint(src: str | Path, out: str | Path, dtype: str = "float16", 
 
     if dtype not in ("float32", "float16", "bfloat16"):
         raise ValueError(f"dtype must be float32, float16 or bfloat16, got {dtype!r}")
-    module = load_module(src)
+    module = load_network(src)
     if model_id:
         module.cfg = replace(module.cfg, extra={**module.cfg.extra, "qtrel_model_id": model_id})
     save_checkpoint(module, PairTokenizer.from_dir(src), out, dtype=getattr(torch, dtype))

@@ -9,6 +9,11 @@ from typing import Any
 
 SUPPORTED_MODEL_TYPES = ("bert",)
 SUPPORTED_ACTIVATIONS = ("gelu", "gelu_new", "gelu_pytorch_tanh", "relu")
+POOLER_ACTIVATIONS = ("tanh", "gelu", "relu")
+
+
+# BertConfig's fields that model.arch sets for the BERT-shaped architectures; not BERT's config.json keys
+VARIANT_FIELDS = ("model_type", "embedding_size", "position_offset", "pooler_act")
 
 
 class ConfigError(ValueError):
@@ -29,7 +34,7 @@ class BertConfig:
     intermediate_size: int = 3072  # feed-forward inner width
     hidden_act: str = "gelu"  # feed-forward activation
     max_position_embeddings: int = 512  # learned positions: hard upper bound on sequence length
-    type_vocab_size: int = 2  # segment ids: 0 = query, 1 = title
+    type_vocab_size: int = 2  # segment ids: 0 = query, 1 = title; 1: every token is segment 0; 0: no table
     layer_norm_eps: float = 1e-12
     pad_token_id: int = 0
     hidden_dropout_prob: float = 0.1  # training only
@@ -41,6 +46,11 @@ class BertConfig:
     id2label: dict[int, str] = field(default_factory=lambda: {i: str(i + 1) for i in range(5)})
     # Heads removed per layer, Hugging Face `pruned_heads` form: {layer: [original head indices]}.
     pruned_heads: dict[int, list[int]] = field(default_factory=dict)
+    # The architecture (model.arch) and where its BERT-shaped encoder differs from BERT's
+    model_type: str = "bert"  # bert, xlm-roberta, electra, distilbert (model.arch.ARCHITECTURES)
+    embedding_size: int | None = None  # ELECTRA: embeddings this wide, projected to hidden_size; None: hidden_size
+    position_offset: int = 0  # XLM-R: position i is row pad_token_id + 1 + i of the table
+    pooler_act: str = "tanh"  # the head's dense layer over [CLS]: tanh (BERT's pooler, XLM-R), gelu, relu
     # Keys of the original config.json we do not use; written back unchanged on save.
     extra: dict[str, Any] = field(default_factory=dict, compare=False)
 
@@ -51,6 +61,8 @@ class BertConfig:
             )
         if self.hidden_act not in SUPPORTED_ACTIVATIONS:
             raise ConfigError(f"hidden_act {self.hidden_act!r} is not supported (choose from {SUPPORTED_ACTIVATIONS})")
+        if self.pooler_act not in POOLER_ACTIVATIONS:
+            raise ConfigError(f"pooler_act {self.pooler_act!r} is not one of {POOLER_ACTIVATIONS}")
         if not self.id2label:
             raise ConfigError("id2label is empty: the head needs at least one level")
         n = len(self.levels)
@@ -61,6 +73,10 @@ class BertConfig:
                 raise ConfigError(f"pruned_heads names layer {layer}, model has {self.num_hidden_layers}")
             if len(set(heads)) >= self.num_attention_heads:
                 raise ConfigError(f"pruned_heads removes every head of layer {layer}")
+
+    @property
+    def embedding_width(self) -> int:
+        return self.embedding_size or self.hidden_size
 
     @property
     def head_size(self) -> int:
@@ -123,6 +139,8 @@ class BertConfig:
             kwargs["id2label"] = {i: str(i + 1) for i in range(int(d["num_labels"]))}
         if "pruned_heads" in d:
             kwargs["pruned_heads"] = {int(k): sorted(int(h) for h in v) for k, v in d["pruned_heads"].items()}
+        for k in VARIANT_FIELDS:  # set by model.arch from each architecture's own config keys, not read here
+            kwargs.pop(k, None)
         skip = known | {"label2id", "num_labels", "model_type"}
         kwargs["extra"] = {k: v for k, v in d.items() if k not in skip}
         try:
@@ -142,7 +160,8 @@ class BertConfig:
 
     def to_dict(self) -> dict[str, Any]:
         d = dict(self.extra)
-        d.update({k: v for k, v in asdict(self).items() if k not in ("extra", "id2label", "pruned_heads")})
+        skip = ("extra", "id2label", "pruned_heads", *VARIANT_FIELDS)
+        d.update({k: v for k, v in asdict(self).items() if k not in skip})
         d["model_type"] = "bert"
         d["architectures"] = ["BertForSequenceClassification"]
         d["id2label"] = {str(k): v for k, v in self.id2label.items()}

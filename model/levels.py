@@ -31,3 +31,10 @@ def unit_score(expected: float, labels: Sequence[str]) -> float:
     if hi <= lo:
         return 1.0
     return min(1.0, max(0.0, (expected - lo) / (hi - lo)))
+
+
+def raw_score(level_logits: Sequence[float]) -> float:
+    """A pair's raw score (`raw_scores` on /score and /rerank): the top level's logit minus the lowest's. For a
+    one-logit head (model.heads) that is its logit itself; for a k-level head, the log-odds of the top level
+    against the lowest."""
+    return float(level_logits[-1] - level_logits[0])

@@ -15,18 +15,19 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from model.bert import BertForRelevance
-from model.checkpoint import CheckpointError, load_module, save_checkpoint
+from model.arch import Network, architecture
+from model.checkpoint import CheckpointError, load_network, save_checkpoint
 from model.config import BertConfig
 from model.device import resolve_device, resolve_dtype
 from model.engines import openvino_engine
 from model.engines.base import Engine, EngineKind, Ids, Kernels
 from model.engines.eager import DTYPES, torch_engine
+from model.heads import Head
 from model.kernels import attention_path
 from model.levels import MAX_BATCH_TOKENS
 from model.packing import length_batches, pad_batch
 from model.parallel import ForwardWorkers, batch_budget, run_batches, workers_for
-from model.scoring import LevelRule, ScoredBatch, level_values, merge_classes, score_logits
+from model.scoring import LevelRule, ScoredBatch, level_values, score_logits
 from model.tokenizer import EncodedPairs, PairTokenizer, Truncation
 
 __all__ = ["RelevanceModel", "PairScore", "level_values", "pad_batch", "length_batches"]
@@ -46,7 +47,7 @@ class RelevanceModel:
 
     def __init__(
         self,
-        module: BertForRelevance,
+        module: Network,
         tokenizer: PairTokenizer,
         device: str = "cpu",
         dtype: str = "float32",
@@ -77,15 +78,23 @@ class RelevanceModel:
         self.dtype = dtype
         self.name = name
         # what runs the forward: a torch engine, until a model process asks for OpenVINO (use_inference)
-        self.engine: Engine = torch_engine(module, self.device, dtype, tokenizer.pad_id, onednn, unpadded, attention)
+        self.arch = architecture(self.cfg.model_type)  # which network; whether the fast CPU path covers it
+        fast = self.arch.fast
+        self.engine: Engine = torch_engine(
+            module, self.device, dtype, tokenizer.pad_id, onednn and fast, unpadded and fast, attention
+        )
         self.inference_choice = openvino_engine.Inference()
         self.source: Path | None = None  # the checkpoint directory, where loaded from one (load())
         # Many batches at once (encoded_logits) on workers of one thread each where torch has several
         # (model.parallel); `workers`: how many, 0 for one per core up to parallel.MAX_WORKERS
         self.workers = 0
         self._pool: ForwardWorkers | None = None
-        self.labels = self.cfg.levels  # what a score grades; the head may have extra classes (model.config)
-        self.class_levels = self.cfg.class_levels
+        try:  # what a score grades: a k-level head's levels, or a one-logit head's (model.heads)
+            self.head = Head.of(self.cfg)
+        except ValueError as e:
+            raise CheckpointError(f"config.json: {e}") from None
+        self.labels = list(self.head.levels)
+        self.class_levels = list(self.head.class_levels)
         self.values = level_values(self.labels)
         try:
             self.rule = LevelRule.from_extra(self.cfg.extra, len(self.labels))
@@ -106,8 +115,8 @@ class RelevanceModel:
         """A checkpoint on a device and precision; by default on the fast path this machine has (oneDNN
         linears where the probe passes, batches without padding on cpu)."""
         path = Path(path)
-        module = load_module(path)
-        limit = min(max_length, module.cfg.max_position_embeddings)
+        module = load_network(path)
+        limit = min(max_length, module.cfg.max_position_embeddings - module.cfg.position_offset)
         tok = PairTokenizer.from_dir(path, max_length=limit)
         name = str(module.cfg.extra.get("qtrel_model_id") or path.name)
         m = cls(
@@ -121,7 +130,16 @@ class RelevanceModel:
         return self.tokenizer.max_length
 
     @property
-    def module(self) -> BertForRelevance:
+    def path(self) -> str:
+        """Which forward serves this model (/info): the fast CPU path or the plain one, and why."""
+        if self.unpadded:
+            return f"fast: packed rows, {self.cpu_kernels} linears, {self.attention} attention"
+        if not self.arch.fast:
+            return f"plain: the fast CPU path does not cover {self.cfg.model_type} yet"
+        return "plain: padded batches"
+
+    @property
+    def module(self) -> Network:
         """The torch module the torch engine runs (head masks and explanations always run on it)."""
         return self.engine.torch.module
 
@@ -181,6 +199,9 @@ class RelevanceModel:
             "dtype": self.dtype,
             "level_rule": self.rule.name,
             "level_cuts": None if self.rule.cuts is None else list(self.rule.cuts),
+            "architecture": self.cfg.model_type,
+            "head": self.head.kind,
+            "path": self.path,
             "cpu_kernels": k.cpu_kernels,
             "attention": k.attention,
             "attention_probe": k.attention_probe,
@@ -239,7 +260,7 @@ class RelevanceModel:
         """One forward pass over a batch of encoded pairs -> (B, levels) float32 logits on cpu (`on_device`: left
         on the model's device); `raw`: one per class of the head, before extra classes are merged (calibration)."""
         logits = self.engine.logits(input_ids, token_type_ids, head_mask, on_device)
-        return logits if raw else merge_classes(logits, self.class_levels)
+        return logits if raw else self.head.level_logits(logits)
 
     def probs(self, input_ids: Ids, token_type_ids: Ids, head_mask: Tensor | None = None) -> Tensor:
         """(B, levels) float32 probabilities."""

@@ -283,6 +283,12 @@ def _add_calibrate(sub) -> None:
         default=1.0,
         help="a head with a 'not a candidate' class: the weight of each sampled negative against a judged pair",
     )
+    p.add_argument(
+        "--levels",
+        type=lambda s: s.split(","),
+        help="a one-logit head (ms-marco, bge): the levels to grade, lowest first, as the data labels them "
+        "(e.g. 1,2,3); fitted as cut points on its sigmoid",
+    )
 
 
 def _cmd_calibrate(a) -> int:
@@ -298,6 +304,7 @@ def _cmd_calibrate(a) -> int:
             bias=a.bias,
             unrelated=a.unrelated,
             negatives_weight=a.negatives_weight,
+            levels=a.levels,
         )
     except ValueError as e:
         return _fail(a, e)

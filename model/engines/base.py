@@ -10,7 +10,7 @@ from typing import Protocol
 import torch
 from torch import Tensor
 
-from model.bert import BertForRelevance
+from model.arch import Network
 
 Ids = Sequence[Sequence[int]]  # a batch of encoded pairs' token (or segment) ids
 
@@ -57,7 +57,7 @@ class Engine(Protocol):
 class TorchForward(Engine, Protocol):
     """A torch engine: the module it runs and its kernels. Head masks and explanations always run on one."""
 
-    module: BertForRelevance
+    module: Network  # BERT-shaped where the fast path runs (model.arch)
     kernels: Kernels
     device: torch.device
 

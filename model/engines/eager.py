@@ -13,6 +13,7 @@ from typing import cast
 import torch
 from torch import Tensor, nn
 
+from model.arch import Network
 from model.bert import BertForRelevance
 from model.engines.base import EngineKind, Ids, Kernels
 from model.engines.packed import PackedBertForRelevance, packed
@@ -31,7 +32,7 @@ class PaddedEngine:
     kind = EngineKind.PADDED
     own_threads = False
 
-    def __init__(self, module: BertForRelevance, device: torch.device, pad_id: int, kernels: Kernels):
+    def __init__(self, module: Network, device: torch.device, pad_id: int, kernels: Kernels):
         self.module = module
         self.device, self.pad_id, self.kernels = device, pad_id, kernels
         self.torch = self
@@ -79,7 +80,7 @@ class PackedEngine(PaddedEngine):
 
 
 def torch_engine(
-    module: BertForRelevance,
+    module: Network,
     device: torch.device,
     dtype: str,
     pad_id: int,
@@ -93,7 +94,7 @@ def torch_engine(
     module = module.eval()
     cpu = device.type == "cpu"
     fast = cpu and (onednn or unpadded)
-    if fast:  # the packed classes: where the kernels are swapped in, and the packed forward
+    if fast and isinstance(module, BertForRelevance):  # the packed classes: where the kernels are swapped in
         module = packed(module)
     torch_dtype = DTYPES[dtype]  # None for int8
     if torch_dtype is None:

@@ -78,6 +78,8 @@ def choose(
         why = f"OpenVINO serves the cpu here, not {device}"
     if why is None and source is None:
         why = "no checkpoint directory to convert from"
+    if why is None and (kind := engine.module.cfg.model_type) != "bert":
+        why = f"its conversion serves BERT checkpoints, not {kind}"
     plan = None
     if why is None and dtype == "int8":
         try:

@@ -44,7 +44,7 @@ def math_attention(q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None) -> Tens
 
 def embed(e: Embeddings, p: Packing) -> Tensor:
     """(N, H) embeddings of the packed tokens."""
-    return cast(Tensor, e.norm(e.word(p.ids) + e.token_type(p.segments) + e.position(p.positions)))
+    return e.sum(p.ids, p.segments, p.positions)
 
 
 class PackedSelfAttention(SelfAttention):
@@ -204,7 +204,7 @@ class PackedEncoder(BertEncoder):
         # [CLS] rows padded to a token bucket (copies of the first): the last layer's linears meet warmed shapes only
         rows = torch.cat([p.cls, p.cls[:1].expand(token_bucket(b) - b)])
         cls = last.forward_packed_cls(x, p, rows, hm)[:b]
-        return torch.tanh(self.pooler.dense(cls)) if self.pooler is not None else cls
+        return self.pooler.pool(cls) if self.pooler is not None else cls
 
 
 class PackedBertForRelevance(BertForRelevance):

@@ -23,7 +23,7 @@ import torch
 from torch import Tensor
 
 from model.bert import BertForRelevance
-from model.checkpoint import load_module, save_checkpoint
+from model.checkpoint import load_config, load_module, save_checkpoint
 from model.data import Dataset, Example, read_labelled
 from model.relevance import RelevanceModel
 from model.scoring import LevelRule, fit_cuts, merge_classes, score_logits
@@ -215,6 +215,7 @@ def calibrate(
     bias: bool = False,
     unrelated: float | None = None,
     negatives_weight: float = 1.0,
+    levels: Sequence[str] | None = None,
 ) -> dict:
     """Fit the temperature (with `bias`, also a bias per level: vector scaling) and, with `cuts`, the
     level rule on `data_file`; write the checkpoint to `out`.
@@ -227,7 +228,15 @@ def calibrate(
 
     A head with a "not a candidate" class (model.config) is calibrated per class, on the judged pairs and
     the sampled negatives (labelled with that class, each weighing `negatives_weight` of a judged pair):
-    the judged pairs alone never show it, and would fit it away."""
+    the judged pairs alone never show it, and would fit it away.
+
+    A one-logit head (or `levels` given) gets its levels and their cut points instead (model.train.calibrate_logit)."""
+    if levels is not None or load_config(Path(model_dir)).num_labels == 1:  # a one-logit head: its own fit
+        from model.train.calibrate_logit import calibrate_logit_head
+
+        if not cuts or bias or unrelated is not None:
+            raise ValueError("a one-logit head is calibrated by its levels' cut points only (--levels, --min-share)")
+        return calibrate_logit_head(model_dir, data_file, out, levels, min_share)
     if unrelated is not None and not (0 < unrelated < 1 and cuts):
         raise ValueError("--unrelated is a share in (0, 1) of the lowest level's cut point: it needs the cut points")
     module = load_module(model_dir)
@@ -287,11 +296,11 @@ def calibrate(
             }
         )
         if fixed is not None:
-            levels = rule.levels(torch.empty(0), expected)
+            graded = rule.levels(torch.empty(0), expected)
             report["unrelated"] = {
                 "negatives": len(negatives),
                 "negatives_at_level_1": round(float((rule.levels(torch.empty(0), neg) == 0).double().mean()), 4),
-                "judged_at_level_1": round(float((levels == 0).double().mean()), 4),
+                "judged_at_level_1": round(float((graded == 0).double().mean()), 4),
             }
     save_checkpoint(module, model.tokenizer, out)
     return report

@@ -122,6 +122,8 @@ def term_matching_scores(model: RelevanceModel, ds: Dataset, max_pairs: int = 50
     that also occurs in the title, its attention to those identical title tokens (and symmetrically),
     averaged over such tokens and pairs. (layers, heads)."""
     tok = model.tokenizer
+    if not isinstance(model.module, BertForRelevance):
+        raise ValueError(f"head studies run BERT-shaped encoders, not {model.cfg.model_type}")
     enc = model.encode(ds.pairs[:max_pairs])
     special = {tok.cls_id, tok.sep_id, tok.pad_id}
     cfg = model.cfg

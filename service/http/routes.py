@@ -10,6 +10,7 @@ from typing import Any
 from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse, PlainTextResponse
 
+from model.levels import raw_score
 from service.errors import ErrorKind, ServiceError
 from service.http import cutoff
 from service.http.deps import EngineDep, MetricsDep, SettingsDep, TimeoutHeader, UseCacheDep
@@ -168,7 +169,7 @@ async def score(
         r: dict[str, Any] = {
             "index": i,
             "level": labels[out.level],
-            "score": out.expected,
+            "score": raw_score(out.logits) if body.raw_scores else out.expected,
             "tokens": n,
             "truncated": cut,
             "unknown_share": round(shares[i], 4),
@@ -243,7 +244,7 @@ async def rerank(
     use_cache: UseCacheDep,
     timeout_ms: TimeoutHeader = None,
 ):
-    """TEI-compatible: texts ranked for the query by expected level, best first."""
+    """TEI-compatible: texts ranked for the query by expected level (raw_scores: raw logit), best first."""
     scored = await score_watched(
         request,
         engine,
@@ -264,7 +265,7 @@ async def rerank(
     for i, o in enumerate(scored.outputs):
         if not cutoff.kept(o.level, o.expected, floor, body.min_score):
             continue
-        r: dict[str, Any] = {"index": i, "score": o.expected}
+        r: dict[str, Any] = {"index": i, "score": raw_score(o.logits) if body.raw_scores else o.expected}
         if body.return_text:
             r["text"] = body.texts[i]
         if (w := window_of(scored, i)) is not None:

@@ -117,6 +117,12 @@ def _blank(texts: list[str], what: str) -> None:
             raise ValueError(f"{what} {i} is empty or whitespace")
 
 
+RAW_SCORES = (
+    "score with the raw logit instead: a one-logit head's logit (its score is the sigmoid of it); a k-level "
+    "head's top-level logit minus its lowest-level logit"
+)
+
+
 class Pair(BaseModel):
     model_config = ConfigDict(extra="forbid")
     query: Text
@@ -143,6 +149,7 @@ class ScoreRequest(BaseModel):
     pairs: Pairs | Absent = None
     truncation: Literal["only_second", "longest_first"] = "only_second"
     return_probs: StrictBool = True
+    raw_scores: StrictBool = Field(False, description=RAW_SCORES)
     top_n: AtLeastOne | None = Field(None, description="return only the best n, sorted by score")
     max_chunks: AtLeastOne | None = Field(None, description=MAX_CHUNKS)
     chunk_overlap: Overlap | None = Field(None, description=OVERLAP)
@@ -175,8 +182,11 @@ class ScoreRequest(BaseModel):
 
 class ScoreResult(BaseModel):
     index: int = Field(description="position of the pair in the request")
-    level: str = Field(description="most probable level (the checkpoint's label, 1..5 by default)")
-    score: float = Field(description="expected level, sum of level x probability: ranks titles")
+    level: str = Field(description="the level the checkpoint's level rule grades (its labels; GET /info lists them)")
+    score: float = Field(
+        description="expected level, sum of level x probability: ranks titles (a one-logit head: the sigmoid of its "
+        "logit, 0..1; with raw_scores, the raw logit)"
+    )
     probs: dict[str, float] | None = Field(None, description="probability per level")
     tokens: int = Field(description="tokens the pair used, special tokens included")
     truncated: bool
@@ -244,7 +254,7 @@ class RerankRequest(BaseModel):
     )
     query: Text
     texts: Titles
-    raw_scores: StrictBool = False
+    raw_scores: StrictBool = Field(False, description=RAW_SCORES)
     return_text: StrictBool = False
     truncate: StrictBool | None = False
     truncation_direction: Direction = "Right"
