@@ -15,7 +15,7 @@ Foreign negatives (`sample_foreign_negatives`) stand for the titles of other sho
 food, clothes) that a general retriever returns and a one-shop catalogue never shows: words of the
 tokenizer's vocabulary that no catalogue title uses, put in place of a catalogue title's words. Catalogue
 negatives alone taught "a home-improvement title without the head term is level 1" and left titles from
-elsewhere at level 2-3 (docs/model-card.md, v3a).
+elsewhere at level 2-3 (docs/research.md, v3a).
 """
 
 from __future__ import annotations

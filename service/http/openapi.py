@@ -3,7 +3,7 @@ values, so that generated clients and fuzzers see them.
 
 The request models (service/schemas.py) mark each limit that is a setting with the Settings field that holds
 it (`"x-qtrel-limits": {"maxLength": "max_text_chars"}`); here each mark becomes that field's value
-(`"maxLength": 2000`). routes.check_limits enforces the same fields, with the 413 the README's error table
+(`"maxLength": 2000`). routes.check_limits enforces the same fields, with the 413 the error table of docs/api.md
 gives: one source for each limit, one check. The body size (`max_body_bytes`) has no JSON Schema keyword: the
 413 responses say it.
 """
