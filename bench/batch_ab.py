@@ -29,8 +29,8 @@ from anchors import isa, isa_line, native_precision, slug_of, useful_flops
 from model_speed import export_onnx, hf_model, make_batches, read_pairs
 from results import command_line, machine, publish
 
-from model import fused_attention
 from model.bert import Layer
+from model.engines import fused
 from model.relevance import RelevanceModel
 
 Step = Callable[[int], object]  # runs batch i
@@ -87,7 +87,7 @@ def main() -> int:
         b = batches[i]
         return hf(input_ids=b.ids, attention_mask=b.mask, token_type_ids=b.seg).logits
 
-    amx = m.attention == "fused" and fused_attention.amx()
+    amx = m.attention == "fused" and fused.amx()
     steps: dict[str, Step] = {
         f"qtrel default ({short}, {m.attention} attention{', AMX tiles' if amx else ''})": qtrel(m),
         f"qtrel, flash attention ({short})": qtrel(flash),
@@ -97,11 +97,11 @@ def main() -> int:
         no_amx = load()
 
         def without_amx(i: int) -> object:
-            fused_attention.amx(False)
+            fused.amx(False)
             try:
                 return no_amx.logits(*lists[i])
             finally:
-                fused_attention.amx(True)
+                fused.amx(True)
 
         steps[f"qtrel, fused attention without AMX ({short})"] = without_amx
     if m.fused_norm:  # torch's residual adds and LayerNorms in the same forward: the fused norm's share here

@@ -31,7 +31,7 @@ from results import DEV, command_line, machine, machine_lines, output_paths, upd
 from model.bert import BertForRelevance
 from model.checkpoint import save_checkpoint
 from model.config import BertConfig
-from model.kernels import OneDNNLinear
+from model.engines.kernels import OneDNNLinear
 from model.relevance import RelevanceModel, level_values, pad_batch
 from model.tokenizer import PairTokenizer
 from model.train.encoder import new_from_encoder

@@ -315,8 +315,8 @@ def _cmd_quantize(a) -> int:
     import csv
     import random
 
-    from model.int8 import quantize
-    from model.openvino_inference import missing
+    from model.engines.openvino import missing
+    from model.train.quantize import quantize
 
     if why := missing():
         return _fail(a, ValueError(f"{why}: pip install 'qtrel[openvino]'"))
