@@ -20,8 +20,8 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from model.chunks import split_pairs
 from model.tokenizer import EncodedPairs
+from model.windows import split_pairs
 from service.logs import request_id
 from service.metrics import Metrics
 from service.runtime.backend import BackendError, NotReady
