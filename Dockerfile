@@ -46,7 +46,7 @@ RUN set -eu; \
            "$site"/torch/bin/protoc*
 
 # A C compiler, in this stage only: the package's one compiled part, the fused attention kernel
-# (model/_attention.c, plain C), is built by the install below; the runtime stage gets the built library
+# (model/engines/_kernels.c, plain C), is built by the install below; the runtime stage gets the built library
 # with /opt/venv, not the compiler. Without it the install would still succeed and the service would run
 # torch's slower attention kernel (/info: model.attention). DL3008 (apt versions unpinned) is ignored:
 # Debian's security updates replace pinned patch levels, and the compiler never reaches the image.

@@ -32,7 +32,7 @@ from harness.passes import Pass, hf_pass, openvino_passes, ort_pass, probe_pass,
 from harness.publish import DOCS, command_line, machine, publish, update_section
 from harness.systems import export_onnx, hf_model
 
-from model.kernels import per_group_attention
+from model.engines.kernels import per_group_attention
 from model.relevance import RelevanceModel
 
 
@@ -89,7 +89,10 @@ def main() -> int:
     )
 
     short = {"bfloat16": "bf16", "float32": "fp32"}
-    kernel_names = {"onednn-packed": "oneDNN", "fused": "fused, MKL"}  # model.kernels' choice for this CPU and dtype
+    kernel_names = {
+        "onednn-packed": "oneDNN",
+        "fused": "fused, MKL",
+    }  # model.engines.kernels' choice for this CPU and dtype
 
     def kernels(m: RelevanceModel) -> str:
         return kernel_names.get(m.cpu_kernels, m.cpu_kernels)
@@ -108,7 +111,7 @@ def main() -> int:
         f"qtrel padded ({short[prec]}, {kernels(m_pad)})": qtrel_batches(m_pad, lists, batches, padded=True),
         f"qtrel own batches ({short[prec]}, encoded_logits, 8192 tokens{layout(m_bf)})": qtrel_own(m_bf, enc, order),
     }
-    # the attention kernel this CPU does not ship, in the same run (model.kernels.choose_attention): where the
+    # the attention kernel this CPU does not ship, in the same run (model.engines.kernels.choose_attention): where the
     # fused kernel serves, the per-group kernel it beat; else the other per-group one
     grouped = per_group_attention(getattr(torch, prec))
     other = grouped if m_bf.attention == "fused" else "sdpa" if m_bf.attention == "math" else "math"

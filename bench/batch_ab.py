@@ -31,7 +31,7 @@ from harness.machine import isa, isa_line, native_precision
 from harness.publish import command_line, machine, publish
 from harness.systems import export_onnx, hf_model, openvino_compiled
 
-from model import fused_attention
+from model.engines import fused
 from model.engines.packed import PackedLayer
 from model.relevance import RelevanceModel
 
@@ -91,7 +91,7 @@ def main() -> int:
         b = batches[i]
         return hf(input_ids=b.ids, attention_mask=b.mask, token_type_ids=b.seg).logits
 
-    amx = m.attention == "fused" and fused_attention.amx()
+    amx = m.attention == "fused" and fused.amx()
     steps: dict[str, Step] = {
         f"qtrel default ({short}, {m.attention} attention{', AMX tiles' if amx else ''})": qtrel(m),
         f"qtrel, flash attention ({short})": qtrel(flash),
@@ -101,11 +101,11 @@ def main() -> int:
         no_amx = load()
 
         def without_amx(i: int) -> object:
-            fused_attention.amx(False)
+            fused.amx(False)
             try:
                 return no_amx.logits(*lists[i])
             finally:
-                fused_attention.amx(True)
+                fused.amx(True)
 
         steps[f"qtrel, fused attention without AMX ({short})"] = without_amx
     if m.fused_norm:  # torch's residual adds and LayerNorms in the same forward: the fused norm's share here

@@ -40,7 +40,7 @@ from harness.publish import command_line, machine, machine_lines, publish, verdi
 from harness.systems import export_onnx, hf_model, ort_fused_graph, ort_session
 
 from model.config import BertConfig
-from model.onednn import OneDNNLinear
+from model.engines.kernels import OneDNNLinear
 from model.relevance import RelevanceModel, level_values
 
 TARGETS = {"vs_transformers": 1.6, "vs_ort": 0.9, "low_precision_speedup": 1.5, "same_level": 0.97, "spearman": 0.99}

@@ -1,9 +1,9 @@
 """A/B of the attention kernels of qtrel's packed forward (issue 20): torch's
 `F.scaled_dot_product_attention` once per length group and layer (on CPU, the flash kernel), against
 `model.engines.packed.math_attention` (two matmuls and a float32 softmax) for the same calls, and against the fused
-kernel (`model.fused_attention`: one call a layer over every pair's rows in place) where it is built; the
+kernel (`model.engines.fused`: one call a layer over every pair's rows in place) where it is built; the
 model's own switch (`RelevanceModel.use_attention`) flips between them, and the report says which one this
-CPU ships (`model.kernels.choose_attention`, with its start-up probe's figures). Same batches of
+CPU ships (`model.engines.kernels.choose_attention`, with its start-up probe's figures). Same batches of
 consecutive dev pairs as bench/forward_profile.py, the kernels interleaved per round, median and range;
 plus the bare kernels on one group's shape.
 
@@ -26,7 +26,7 @@ from anchors import isa, isa_line, slug_of
 from model_speed import consecutive_batches
 from results import command_line, machine, publish
 
-from model import fused_attention
+from model.engines import fused
 from model.engines.packed import math_attention
 from model.relevance import RelevanceModel
 
@@ -36,8 +36,8 @@ SIZES = (8, 19, 32)
 def run(m: RelevanceModel, batches, kernel: str) -> tuple[float, torch.Tensor]:
     # "fused-dot": the fused kernel on AVX512-BF16 dot products where its AMX path would run; "fused-f32": in
     # float32 arithmetic where either would
-    fused_attention.bf16_dot(kernel != "fused-f32")
-    fused_attention.amx(kernel == "fused")
+    fused.bf16_dot(kernel != "fused-f32")
+    fused.amx(kernel == "fused")
     m.use_attention("fused" if kernel.startswith("fused") else kernel)
     with torch.inference_mode():
         t0 = time.perf_counter()
@@ -80,11 +80,11 @@ def main() -> int:
     shipped = m.attention
     data = consecutive_batches(m, SIZES, a.batches)
     res: dict = {}
-    kinds = ("sdpa", "math") + (("fused",) if fused_attention.available()[0] else ())
-    amx = m.dtype == "bfloat16" and fused_attention.amx()
+    kinds = ("sdpa", "math") + (("fused",) if fused.available()[0] else ())
+    amx = m.dtype == "bfloat16" and fused.amx()
     if amx:
         kinds += ("fused-dot",)
-    if m.dtype == "bfloat16" and fused_attention.bf16_dot():
+    if m.dtype == "bfloat16" and fused.bf16_dot():
         kinds += ("fused-f32",)
     if a.pause_pid:
         os.kill(a.pause_pid, signal.SIGSTOP)
@@ -105,8 +105,8 @@ def main() -> int:
             for b, t in ((2, 27), (6, 27), (6, 40))
         }
     finally:
-        fused_attention.bf16_dot(True)
-        fused_attention.amx(True)
+        fused.bf16_dot(True)
+        fused.amx(True)
         if a.pause_pid:
             os.kill(a.pause_pid, signal.SIGCONT)
     for b in SIZES:

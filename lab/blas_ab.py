@@ -1,5 +1,5 @@
 """Is another BLAS faster on this CPU? (issue 20) On AVX2-only CPUs qtrel's float32 linears call MKL's sgemm
-through torch (`model.kernels.onednn_pays`); numpy's wheel bundles OpenBLAS, whose kernels differ per CPU.
+through torch (`model.engines.kernels.onednn_pays`); numpy's wheel bundles OpenBLAS, whose kernels differ per CPU.
 This times both on MiniLM's linear shapes (the query/key/value projection fused, the attention output, the
 FFN's two), one thread, the libraries alternating within each round, best of each round's repeats.
 

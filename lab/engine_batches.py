@@ -2,7 +2,7 @@
 forward on the batches a server forms, not only on length-sorted ones.
 
 One thread (a model process's), `model/default` in the machine's native precision; each batch set timed
-for both engines alternately, best of ROUNDS: the probe's two batches (`openvino_inference.probe_batches`,
+for both engines alternately, best of ROUNDS: the probe's two batches (`openvino.probe_batches`,
 what `inference=auto` times at start-up), 20 batches of 32 dev pairs in arrival order (mixed lengths, as
 the batcher forms them under load), the same cut to 8 pairs, and the 32s sorted by length (the anchors').
 
@@ -17,8 +17,8 @@ import time
 import torch
 from load import read_dev
 
-from model import openvino_inference as ovi
 from model.builtin import builtin_dir
+from model.engines import openvino as ovi
 from model.relevance import RelevanceModel
 
 Batches = list[tuple[list, list]]

@@ -31,7 +31,7 @@ from results import DOCS, command_line, machine, publish, update_section
 from torch.profiler import ProfilerActivity, profile, record_function
 
 import model.engines.packed as packed
-from model import fused_attention
+from model.engines import fused
 from model.relevance import RelevanceModel
 
 SIZES = (8, 19, 32)
@@ -108,7 +108,7 @@ def instrument() -> None:
     packed.pack = scoped("qtrel::pack", packed.pack)
     packed.math_attention = scoped("qtrel::math_attention", packed.math_attention)  # _attend looks it up per call
     packed.packed_attention = scoped("qtrel::fused_attention", packed.packed_attention)  # likewise
-    fused_attention.add_layer_norm = scoped("qtrel::add_layer_norm", fused_attention.add_layer_norm)  # add_norm's
+    fused.add_layer_norm = scoped("qtrel::add_layer_norm", fused.add_layer_norm)  # add_norm's
     packed.PackedSelfAttention.forward_packed = scoped("qtrel::attention", packed.PackedSelfAttention.forward_packed)
     packed.embed = scoped("qtrel::embeddings", packed.embed)
     model_class = packed.PackedBertForRelevance

@@ -5,7 +5,7 @@ Shapes: q/k/v fused 384 -> 1152, attention output 384 -> 384, FFN up 384 -> 1536
 1536 -> 384, each at `--rows` token rows (the packed forward feeds the linears (tokens, features)). Input and
 output are bfloat16 as between the shipped model's layers, except where a kernel takes only float32 (said
 in its name). Variants:
-  - `bf16 oneDNN (shipped)`: `model.onednn.OneDNNLinear`, pre-packed, GELU fused;
+  - `bf16 oneDNN (shipped)`: `model.engines.onednn.OneDNNLinear`, pre-packed, GELU fused;
   - `_int_mm kernel`: `torch._int_mm` s8 x s8 -> s32 alone, operands already int8 (the bound, not a path);
   - `_int_mm per-token`: per-token dynamic symmetric int8 activations, per-channel weights (the scheme that
     kept 98.05% of levels, `bench/int8_tradeoff.py`), quantise + `_int_mm` + rescale, bias, GELU in eager;
@@ -45,7 +45,7 @@ from anchors import isa, isa_line, run_header, slug_of
 from results import publish
 from torch import Tensor
 
-from model.onednn import OneDNNLinear
+from model.engines.onednn import OneDNNLinear
 
 SHAPES = (("qkv", 384, 1152, False), ("attn out", 384, 384, False), ("FFN up +GELU", 384, 1536, True),
           ("FFN down", 1536, 384, False))  # fmt: skip

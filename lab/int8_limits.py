@@ -1,7 +1,7 @@
 """Can every encoder linear run in int8 and keep the grade? Where the error comes from, and whether
 quantisation-aware distillation buys it back (issue 20's int8 goal: >= 99% of float32's levels).
 
-`qtrel quantize` keeps only the linears the grade tolerates (model.int8): on model/default 15 of 36, a
+`qtrel quantize` keeps only the linears the grade tolerates (model.engines.int8): on model/default 15 of 36, a
 third of the multiply-adds, which caps int8's speed-up. This measures the three things that decide
 whether the rest could follow, on held-out Home Depot dev pairs against qtrel float32's levels:
 
@@ -36,10 +36,10 @@ from anchors import isa, run_header, slug_of
 from results import DEV, publish
 from torch import Tensor, nn
 
-from model import int8
 from model.bert import BertForRelevance
 from model.checkpoint import load_module
 from model.data import read_labelled
+from model.engines import int8
 from model.relevance import RelevanceModel, pad_batch
 
 
@@ -60,7 +60,7 @@ class WeightOnly(nn.Module):
 
 
 class Trainable(nn.Module):
-    """model.int8.FakeQuantLinear with the (smoothed) weight and bias as parameters: the weight scale
+    """model.engines.int8.FakeQuantLinear with the (smoothed) weight and bias as parameters: the weight scale
     follows the weight, the activation range and the smoothing stay as calibrated."""
 
     s: Tensor
@@ -156,7 +156,7 @@ def main() -> int:
     static = int8.apply(fp32, int8.Int8Plan(plan))
     row("static int8, every encoder linear (torch fake quantisation)", logits_of(static, dev_batches, len(dev)))
     if a.openvino:
-        from model.openvino_inference import OpenVINOForward
+        from model.engines.openvino import OpenVINOForward
 
         ov = OpenVINOForward(static, "float32", a.threads, ref.tokenizer.pad_id)
         name = "static int8, every encoder linear (OpenVINO int8 kernels, float32 elsewhere)"

@@ -31,7 +31,7 @@ from results import DEV
 from torch import Tensor, nn
 
 from model.bert import Layer
-from model.kernels import use_onednn_linears
+from model.engines.kernels import use_onednn_linears
 from model.relevance import RelevanceModel, pad_batch
 
 TRAIN = DEV.parent / "train.csv"

@@ -22,11 +22,11 @@ import torch
 from anchors import isa, run_header, slug_of
 from results import DEV, publish
 
-from model import int8
 from model.checkpoint import load_module
 from model.data import read_labelled
 from model.device import resolve_dtype
-from model.openvino_inference import OpenVINOForward
+from model.engines import int8
+from model.engines.openvino import OpenVINOForward
 from model.relevance import RelevanceModel, pad_batch
 from model.train.evaluate import metrics_of
 

@@ -20,7 +20,7 @@ CHILD = r"""
 import json, statistics, time, torch
 import torch.nn.functional as F
 from model.device import bf16_capped, resolve_dtype
-from model.onednn import probe
+from model.engines.onednn import probe
 torch.set_num_threads(1)
 out = {"capability": torch.backends.cpu.get_cpu_capability(), "probe_bf16": probe(torch.bfloat16),
        "auto": resolve_dtype("auto", "cpu"), "capped": bf16_capped()}

@@ -3,8 +3,8 @@
 The offline target is a ratio against the best anchor; a ratio the core cannot reach is no target. This probe
 measures what one core issues: a loop of 12 independent multiply-add chains of one instruction (AVX2 and
 AVX-512 float32 FMA, AVX512-BF16 `vdpbf16ps`, AVX512-VNNI `vpdpbusd`), compiled here with gcc, each only
-where the CPU has it. Beside it, the pre-packed oneDNN linear qtrel runs (model.onednn) on the encoder's four shapes
-at 1 thread. The ceiling
+where the CPU has it. Beside it, the pre-packed oneDNN linear qtrel runs (model.engines.onednn) on the encoder's four
+shapes at 1 thread. The ceiling
 on qtrel's offline ratio is then: peak ÷ the anchor's useful GFLOP/s (bench/batch_ab.py), since qtrel's
 forward already does the fewest multiply-adds the model allows (the [CLS]-only last layer, no padding).
 AMX is not probed (its tiles need the kernel's permission and a tile configuration).
@@ -30,7 +30,7 @@ from results import command_line, machine, publish
 from torch import nn
 
 from model.device import cpu_flags
-from model.onednn import OneDNNLinear, onednn_available
+from model.engines.onednn import OneDNNLinear, onednn_available
 
 SOURCE = r"""
 #include <immintrin.h>

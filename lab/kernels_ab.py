@@ -19,8 +19,8 @@ from load import read_dev
 from results import DEV
 
 from model.builtin import builtin_dir
+from model.engines.kernels import use_fused_linears, use_onednn_linears
 from model.engines.packed import PackedEncoder, embed
-from model.kernels import use_fused_linears, use_onednn_linears
 from model.relevance import RelevanceModel
 
 PACKED_CLS = PackedEncoder.forward_packed

@@ -7,7 +7,7 @@ length guards lifted (each layer's `fused_max`, `model.engines.packed.MATH_MAX_T
 group, the plain matmuls per group, and the fused kernel (on several threads, on torch's OpenMP team). Then the
 shipped rules against one kernel for a whole batch on mixed batches. Kernels interleaved per round, the order
 rotated; median ms and the per-round ratios. What it found fixed MATH_MAX_TOKENS and checks
-`model.kernels.fused_max_tokens` on the machine at hand.
+`model.engines.kernels.fused_max_tokens` on the machine at hand.
 
   python bench/long_pairs.py --model model/default [--threads 1] [--rounds 6] [--dtype float32]
 """
@@ -25,8 +25,7 @@ import torch
 from anchors import isa, isa_line, slug_of
 from results import command_line, machine, publish
 
-from model import fused_attention
-from model.engines import packed
+from model.engines import fused, packed
 from model.relevance import RelevanceModel
 
 LENGTHS = (27, 48, 63, 64, 96, 128, 192, 256, 512)
@@ -85,8 +84,8 @@ def main() -> int:
     shipped, grouped = m.attention, m.module.bert.blocks[0].attn.grouped
     shipped_guards = (m.module.bert.blocks[0].attn.fused_max, packed.MATH_MAX_TOKENS)
     dtype = m.module.bert.embeddings.word.weight.dtype
-    several = a.threads == 1 or fused_attention.parallel()  # the fused kernel runs on this many threads
-    kinds = ["sdpa", "math"] + (["fused"] if several and fused_attention.available()[0] else [])
+    several = a.threads == 1 or fused.parallel()  # the fused kernel runs on this many threads
+    kinds = ["sdpa", "math"] + (["fused"] if several and fused.available()[0] else [])
     rng = random.Random(0)
     free = (10**6, 10**6)
     res: dict = {"by_length": {}, "mixed": {}}

@@ -1,5 +1,5 @@
 """A/B of the packed forward's residual add + LayerNorm (issue 20): torch's two ops (`norm(x + r)`) against the
-fused kernel (`model.fused_attention.add_layer_norm`, one pass, in the same library as the fused attention),
+fused kernel (`model.engines.fused.add_layer_norm`, one pass, in the same library as the fused attention),
 on the bare op at a served batch's row counts and inside the whole default forward, interleaved per round on
 the same batches of consecutive dev pairs as bench/attention_ab.py (median and range of the per-round ratios;
 logits and levels against torch's ops).
@@ -21,8 +21,8 @@ from model_speed import consecutive_batches
 from results import command_line, machine, publish
 from torch import nn
 
-from model import fused_attention
 from model.bert import Layer
+from model.engines import fused
 from model.relevance import RelevanceModel
 
 SIZES = (8, 19, 32)
@@ -43,7 +43,7 @@ def bare(dtype: torch.dtype, rows: int, width: int, reps: int = 300) -> dict[str
                 if k == "torch":
                     norm(x + rr)
                 else:
-                    fused_attention.add_layer_norm(x, rr, norm, rr)
+                    fused.add_layer_norm(x, rr, norm, rr)
                 best[k] = min(best[k], time.perf_counter() - t0)
     return {k: round(1e6 * v, 1) for k, v in best.items()}
 
@@ -72,7 +72,7 @@ def main() -> int:
     torch.set_num_threads(a.threads)
     m = RelevanceModel.load(a.model, dtype="auto")
     if not m.fused_norm:
-        print(f"the fused add + LayerNorm does not run here ({fused_attention.available()[1] or m.dtype})")
+        print(f"the fused add + LayerNorm does not run here ({fused.available()[1] or m.dtype})")
         return 1
     m.warm_up()
     layers = [x for x in m.module.modules() if isinstance(x, Layer)]

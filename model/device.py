@@ -103,16 +103,3 @@ def resolve_dtype(dtype: str, device: torch.device | str) -> str:
     if str(device).startswith("cuda"):
         return "float16"
     return "bfloat16" if cpu_runs_bf16_natively() else "float32"
-
-
-def add_device_options(parser) -> None:
-    """`--device` and `--dtype`, defaulting to `auto` as `qtrel serve` does, for the model commands."""
-    parser.add_argument("--device", default="auto", help="cpu, cuda or auto (cuda when there is one)")
-    parser.add_argument(
-        "--dtype",
-        default="auto",
-        choices=["auto", "float32", "bfloat16", "float16", "int8"],
-        help="auto: as `qtrel serve` (float16 on cuda; bfloat16 on CPUs with AVX512-BF16 or AMX unless "
-        "ONEDNN_MAX_CPU_ISA caps oneDNN below them, else float32). int8: dynamic quantisation, measured to "
-        "change the level of ~17%% of dev pairs (docs/benchmarks.md)",
-    )

@@ -8,8 +8,8 @@ from collections.abc import Sequence
 
 DEFAULT_LEVELS = ("1", "2", "3", "4", "5")  # 1 = unrelated ... 5 = fully satisfies the query
 MAX_BATCH_TOKENS = 8192  # padded tokens per forward pass: the default of the server and every command
-# Word pieces consecutive windows of a long title share by default (model.chunks; the service's chunk_overlap
-# setting, qtrel score's --chunk-overlap)
+# Word pieces consecutive windows of a long title share by default (model.windows); named as the API names it:
+# the service's chunk_overlap setting, qtrel score's --chunk-overlap
 CHUNK_OVERLAP = 32
 
 

@@ -32,7 +32,7 @@ class AttentionGroup:
 class Packing:
     """A batch of variable-length pairs laid out without padding: the N real tokens of all pairs, longest
     pair first. Embeddings, projections, feed-forward and norms run on (N, H); attention either reads each
-    pair's rows in place (`model.fused_attention`, from `starts` and `lengths`) or gets blocks per group of
+    pair's rows in place (`model.engines.fused`, from `starts` and `lengths`) or gets blocks per group of
     similar length (`groups`, built on first use; see `pack`)."""
 
     order: Tensor  # (B,) batch index of each packed pair
@@ -95,7 +95,7 @@ def token_bucket(n: int) -> int:
     """`n` rounded up to a short ladder of sizes (at most 1/8 more, 79 sizes up to 8192 tokens).
     oneDNN builds a kernel per new input shape of a linear layer: ~9 ms each in bfloat16 on this CPU,
     more than a whole small batch takes. With the packed token count on this ladder, every shape a
-    server meets can be built once at warm-up (see `model.kernels.warm_linear_shapes`). The fine steps at
+    server meets can be built once at warm-up (see `model.engines.kernels.warm_linear_shapes`). The fine steps at
     the bottom are for small batches: a one-pair forward's ~27 tokens and the last layer's [CLS] rows
     (one a pair) cost 3-5% less on steps of 8 and 1, 2, 4, 8 than on steps of 16 (bench/bucket_ab.py)."""
     if n <= 8:

@@ -19,11 +19,11 @@ from model.arch import Network, architecture
 from model.checkpoint import CheckpointError, load_network, save_checkpoint
 from model.config import BertConfig
 from model.device import resolve_device, resolve_dtype
-from model.engines import openvino_engine
+from model.engines import openvino
 from model.engines.base import Engine, EngineKind, Ids, Kernels
 from model.engines.eager import DTYPES, torch_engine
+from model.engines.kernels import attention_path
 from model.heads import Head
-from model.kernels import attention_path
 from model.levels import MAX_BATCH_TOKENS
 from model.packing import length_batches, pad_batch
 from model.parallel import ForwardWorkers, batch_budget, run_batches, workers_for
@@ -57,10 +57,10 @@ class RelevanceModel:
         attention: str = "auto",
     ):
         """`onednn`: the linear layers in oneDNN's weight layout (cpu, float32/bfloat16, where
-        `model.kernels.probe` passes); the module is then inference-only and cannot be saved or trained.
+        `model.engines.kernels.probe` passes); the module is then inference-only and cannot be saved or trained.
         `unpadded`: batches run without padding (`model.packing`; cpu only, cuda keeps padded batches).
         `attention` (with `onednn`): the packed forward's attention kernel, "auto", "fused" or "torch"
-        (`model.kernels.choose_attention`)."""
+        (`model.engines.kernels.choose_attention`)."""
         self.device = resolve_device(device)
         dtype = resolve_dtype(dtype, self.device)  # "auto": the fastest this machine runs natively
         if dtype not in DTYPES:
@@ -83,7 +83,7 @@ class RelevanceModel:
         self.engine: Engine = torch_engine(
             module, self.device, dtype, tokenizer.pad_id, onednn and fast, unpadded and fast, attention
         )
-        self.inference_choice = openvino_engine.Inference()
+        self.inference_choice = openvino.Inference()
         self.source: Path | None = None  # the checkpoint directory, where loaded from one (load())
         # Many batches at once (encoded_logits) on workers of one thread each where torch has several
         # (model.parallel); `workers`: how many, 0 for one per core up to parallel.MAX_WORKERS
@@ -216,12 +216,12 @@ class RelevanceModel:
     def use_inference(self, choice: str) -> None:
         """What runs the forward pass: "torch", "openvino" (compiled here from the checkpoint on disk, cpu,
         float32/bfloat16), or "auto": both timed on two realistic batches (about a second on the default
-        model), OpenVINO kept only where it is clearly faster (`openvino_inference.MARGIN`). Where OpenVINO
+        model), OpenVINO kept only where it is clearly faster (`openvino.MARGIN`). Where OpenVINO
         is missing or fails to convert or compile, torch, with the reason in `describe()`. Compiling starts
         OpenVINO's thread pools: never call this in a process that forks (service.runtime.template). Head
         masks always run on torch."""
         vocab = min(self.tokenizer.vocab_size, self.cfg.vocab_size)
-        self.engine, self.inference_choice = openvino_engine.choose(
+        self.engine, self.inference_choice = openvino.choose(
             self.engine.torch, choice, self.source, self.dtype, self.tokenizer, vocab
         )
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -39,7 +40,7 @@ class LevelRule:
             raise ValueError(f"level cut points must increase strictly, got {list(self.cuts)}")
 
     @classmethod
-    def from_extra(cls, extra: dict, num_levels: int) -> LevelRule:
+    def from_extra(cls, extra: dict[str, Any], num_levels: int) -> LevelRule:
         """The rule stored in a config's extra keys; checks there are num_levels - 1 cut points."""
         raw = extra.get(CONFIG_KEY)
         if raw is None:
@@ -49,7 +50,7 @@ class LevelRule:
             raise ValueError(f"{CONFIG_KEY} has {len(cuts)} cut points; {num_levels} levels need {num_levels - 1}")
         return cls(cuts)
 
-    def to_extra(self) -> dict:
+    def to_extra(self) -> dict[str, Any]:
         return {CONFIG_KEY: None if self.cuts is None else [round(c, 6) for c in self.cuts]}
 
     @property

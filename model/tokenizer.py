@@ -179,7 +179,7 @@ class PairTokenizer:
 
     def word_offsets(self, texts: Sequence[str]) -> list[tuple[list[tuple[int, int]], list[int | None]]]:
         """Per text, each word piece's character span in the original text and the index of its word
-        (`model.chunks` splits long titles into windows on them)."""
+        (`model.windows` splits long titles into windows on them)."""
         if len(texts) <= 4:
             encs = [self._tok.encode(t, add_special_tokens=False) for t in texts]
         else:

@@ -26,11 +26,12 @@ SIZED = ("model", "service", "bench")  # folders whose .py files must stay under
 MAX_LINES = 400  # "a file that grows past ~400 lines usually owns two things" (STYLE.md)
 
 WEB = ("fastapi", "starlette", "uvicorn")
-MODEL_INTERNALS = ("model.bert", "model.kernels", "model.onednn", "model.packing")  # behind RelevanceModel
+MODEL_INTERNALS = ("model.bert", "model.engines", "model.packing")  # behind RelevanceModel
 
 
 def core(rel: str) -> bool:
-    return rel.startswith("model/") and rel.count("/") == 1
+    """The model core: model/ and its engines, not its wings."""
+    return rel.startswith("model/") and not rel.startswith(("model/train/", "model/bulk/"))
 
 
 # The batcher's modules: the queue (batcher.py), its vocabulary (batching.py), the model's measured pace (pace.py).
@@ -231,9 +232,47 @@ def bench_habits(graph: Graph, rel: str) -> list[Violation]:
     return found
 
 
+CYCLE_WHY = "an import circle: each name belongs in one of them, or in a module both import"
+
+
+def import_cycles(graph: Graph) -> list[Violation]:
+    """One violation per import circle among the product's modules (model/ and service/): a set of modules that
+    each reach the others through their own imports (in functions and under TYPE_CHECKING too). Only the
+    module named counts, not the packages above it: a package's lazy `__getattr__` is no circle."""
+    product = {mod: rel for mod, rel in graph.files.items() if rel.split("/")[0] in SIZED}
+    edges = {mod: {t for t, _, _ in graph.imports(rel) if t in product and t != mod} for mod, rel in product.items()}
+
+    reached: dict[str, dict[str, str]] = {}  # per module: each module it reaches -> the one it came from
+    for mod in product:
+        seen: dict[str, str] = {}
+        todo = [mod]
+        while todo:
+            cur = todo.pop()
+            for nxt in sorted(edges[cur]):
+                if nxt not in seen:
+                    seen[nxt] = cur
+                    todo.append(nxt)
+        reached[mod] = seen
+    found: list[Violation] = []
+    done: set[str] = set()
+    for mod in sorted(product):
+        if mod in done or mod not in reached[mod]:
+            continue
+        circle = {m for m in reached[mod] if mod in reached[m]}
+        done |= circle
+        path, cur = [mod], reached[mod][mod]  # walk back from mod to itself along first-reached links
+        while cur != mod:
+            path.append(cur)
+            cur = reached[mod][cur]
+        path = [mod, *reversed(path[1:]), mod]
+        line = next(at for t, _, at in graph.imports(product[mod]) if t == path[1])
+        found.append(Violation("no-import-cycle", product[mod], " -> ".join(path), line, CYCLE_WHY))
+    return found
+
+
 def scan(graph: Graph | None = None) -> list[Violation]:
     graph = graph or Graph()
-    return [v for rel in graph.sources for v in check(graph, rel)]
+    return [v for rel in graph.sources for v in check(graph, rel)] + import_cycles(graph)
 
 
 def test_no_new_architecture_violations():
@@ -352,3 +391,15 @@ def test_importing_lab_is_caught():
 
 def test_an_oversized_benchmark_is_caught():
     assert ("file-size", "bench/x.py", "lines") in planted({"bench/x.py": "x = 1\n" * (MAX_LINES + 1)}, "bench/x.py")
+
+
+def test_an_import_circle_is_caught():
+    files = {
+        "model/x.py": "from model.y import f\n",
+        "model/y.py": "def f():\n    from model.z import g\n",  # in a function: still a circle
+        "model/z.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from model.x import X\n",
+    }
+    found = {v.key for v in import_cycles(Graph(extra=files))}
+    assert ("no-import-cycle", "model/x.py", "model.x -> model.y -> model.z -> model.x") in found
+    files["model/z.py"] = "import model.levels\n"
+    assert not any("model.x" in what for _, _, what in {v.key for v in import_cycles(Graph(extra=files))})

@@ -17,8 +17,8 @@ import torch.nn.functional as F
 from harness.data import Batch
 from harness.systems import openvino_compiled, ort_session
 from model.config import BertConfig
+from model.engines.onednn import OneDNNLinear
 from model.levels import MAX_BATCH_TOKENS
-from model.onednn import OneDNNLinear
 from model.parallel import run_batches
 from model.relevance import RelevanceModel
 

@@ -3,11 +3,17 @@ Parsing and dispatch only; heavy imports happen inside the command."""
 
 from __future__ import annotations
 
+import argparse
 import json
-import sys
+from collections.abc import Callable
 
-from model.device import add_device_options
+from model.cli import add_device_options, fail
 from model.levels import CHUNK_OVERLAP, MAX_BATCH_TOKENS
+
+
+def add_commands(sub: argparse._SubParsersAction) -> None:
+    """The wing's one command; `qtrel`'s parser (service/cli.py) merges it with the others."""
+    add_score(sub)
 
 
 def add_score(sub) -> None:
@@ -83,7 +89,7 @@ def cmd_score(a) -> int:
     try:  # the rule of `qtrel serve --model`
         model_dir = resolve_model(a.model)
     except FileNotFoundError as e:
-        return _fail(e)
+        return fail(a, e)
     try:
         options = ScoreOptions(
             query_column=a.query_column,
@@ -119,11 +125,9 @@ def cmd_score(a) -> int:
                 model, a.input, a.out, options, chunk_rows=a.chunk_rows, resume=a.resume, progress=a.progress
             )
     except ValueError as e:
-        return _fail(e)
+        return fail(a, e)
     print(json.dumps(summary))
     return 0
 
 
-def _fail(message) -> int:
-    print(f"qtrel score: {message}", file=sys.stderr)
-    return 2
+COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {"score": cmd_score}

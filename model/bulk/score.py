@@ -30,10 +30,10 @@ import numpy as np
 
 from model.bulk.io import Chunk, CsvSink, CsvSource, JsonlSink, JsonlSource, Scores, Sink, Source, format_of, parts_dir
 from model.bulk.parquet import ParquetSink, ParquetSource
-from model.chunks import CHUNK_OVERLAP, best, split_pairs
 from model.data import DataError
 from model.levels import MAX_BATCH_TOKENS
 from model.relevance import RelevanceModel
+from model.windows import CHUNK_OVERLAP, best, split_pairs
 
 __all__ = ["ScoreOptions", "score_file", "score_pairs", "score_names"]
 
@@ -58,7 +58,7 @@ class ScoreOptions:
     max_batch_tokens: int = MAX_BATCH_TOKENS
     skip_bad: bool = False  # write bad rows with empty scores instead of stopping at their chunk
     overwrite: bool = False  # replace an existing output
-    max_chunks: int | None = None  # score each long title in at most this many windows (model.chunks)
+    max_chunks: int | None = None  # score each long title in at most this many windows (model.windows)
     chunk_overlap: int = CHUNK_OVERLAP  # word pieces consecutive windows share
 
     def __post_init__(self) -> None:
@@ -89,7 +89,7 @@ def score_pairs(
     """Score columns of pairs in their order, forwarded in length-sorted batches; None rows stay empty.
     Each distinct pair is forwarded once and its row copied to its duplicates (the same numbers, bit for
     bit: search logs repeat their popular pairs). With `max_chunks`, a title longer than the model's window
-    is scored in at most that many windows (`model.chunks.split_pairs`, as the service's `max_chunks`) and
+    is scored in at most that many windows (`model.windows.split_pairs`, as the service's `max_chunks`) and
     gets its best window's scores and the WINDOW_COLUMNS."""
     n_labels, windowed = len(model.labels), max_chunks is not None
     present = [(i, p) for i, p in enumerate(pairs) if p is not None]

@@ -28,7 +28,7 @@ class Kernels:
     """What the torch engines run on the CPU, as `RelevanceModel.describe()` reports it."""
 
     cpu_kernels: str = "plain"  # or onednn-packed, fused, plain (probe failed: ...)
-    attention: str = "sdpa"  # the packed forward's attention kernel (model.kernels.choose_attention)
+    attention: str = "sdpa"  # the packed forward's attention kernel (model.engines.kernels.choose_attention)
     attention_probe: dict[str, float] | None = None  # its start-up timings, where it ran
     attention_reason: str = "RelevanceModel's default"
     fused_norm: bool = False  # the packed forward's residual add + LayerNorm in one pass

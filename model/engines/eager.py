@@ -2,7 +2,7 @@
 
 `torch_engine` makes the module ready once, at load: cast (or dynamically quantised for int8), turned into
 its packed form where it runs on the cpu, its linear layers swapped for the fastest this CPU has and its
-attention kernel chosen (`model.kernels`). Nothing of that is decided again per batch.
+attention kernel chosen (`model.engines.kernels`). Nothing of that is decided again per batch.
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ from torch import Tensor, nn
 from model.arch import Network
 from model.bert import BertForRelevance
 from model.engines.base import EngineKind, Ids, Kernels
+from model.engines.kernels import choose_attention, install_cpu_kernels, set_attention, warm_linear_shapes
 from model.engines.packed import PackedBertForRelevance, packed
-from model.kernels import choose_attention, install_cpu_kernels, set_attention, warm_linear_shapes
 from model.packing import pad_batch, token_slices
 
 # float32 on MKL (the fused kernels): a forward over more packed tokens than this ran slower per pair, its
@@ -90,7 +90,7 @@ def torch_engine(
 ) -> PaddedEngine:
     """The torch engine for `module` (consumed: its layers may be swapped) on `device` in `dtype` (a key of
     DTYPES): packed where `unpadded` and on the cpu, else padded; with `onednn` on the cpu, the linear layers
-    this CPU runs fastest and the attention kernel `attention` asks for (`model.kernels.choose_attention`)."""
+    this CPU runs fastest and the attention kernel `attention` asks for (`model.engines.kernels.choose_attention`)."""
     module = module.eval()
     cpu = device.type == "cpu"
     fast = cpu and (onednn or unpadded)

@@ -19,11 +19,11 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from model.bert import BertEncoder, BertForRelevance, Embeddings, Layer, SelfAttention
-from model.fused_attention import Rows, add_norm, packed_attention, parallel
+from model.engines.fused import Rows, add_norm, packed_attention, parallel
 from model.packing import AttentionGroup, Packing, pack, token_bucket
 
 # In float32 arithmetic the fused kernel attends the pairs of at most this many tokens, longer ones per group
-# (model.kernels.fused_max_tokens: its AMX and AVX512-BF16 paths take every pair). On a Zen 3
+# (model.engines.kernels.fused_max_tokens: its AMX and AVX512-BF16 paths take every pair). On a Zen 3
 # (float32, one layer's attention) it ran 1.09x torch's flash kernel at 64 tokens, 0.93x at 256, 0.81x at 512:
 # that kernel blocks long rows for the cache. On a Zen 4 the whole forward: 0.91x at 512 (bench/long_pairs.py).
 FUSED_MAX_TOKENS = 192
@@ -35,7 +35,7 @@ MATH_MAX_TOKENS = 63
 def math_attention(q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None) -> Tensor:
     """Attention as two matmuls in the inputs' precision around a float32 softmax. On the short blocks of
     the packed forward it beats torch's CPU flash kernel in bfloat16 where there is no AMX
-    (`model.kernels.math_attention_pays`): that kernel's per-block set-up outweighs the work."""
+    (`model.engines.kernels.math_attention_pays`): that kernel's per-block set-up outweighs the work."""
     s = torch.matmul(q, k.transpose(-1, -2)).float()
     scale = q.shape[-1] ** -0.5
     s = s.mul_(scale) if bias is None else torch.add(bias, s, alpha=scale)
@@ -54,16 +54,17 @@ class PackedSelfAttention(SelfAttention):
         nn.Module.__init__(self)
         self.heads, self.head_size, self.dropout_p = ref.heads, ref.head_size, ref.dropout_p
         self.query, self.key, self.value, self.out = ref.query, ref.key, ref.value, ref.out
-        self.qkv: nn.Module | None = None  # fused q/k/v projection, set by model.kernels
-        # Instead of qkv in the last layer (model.kernels): q for the [CLS] rows apart from k and v for every token
+        self.qkv: nn.Module | None = None  # fused q/k/v projection, set by model.engines.kernels
+        # Instead of qkv in the last layer (model.engines.kernels): q for the [CLS] rows apart from k and v for
+        # every token
         self.cls_q: nn.Module | None = None
         self.cls_k: nn.Module | None = None
         self.cls_v: nn.Module | None = None
-        # the packed forward's kernel, set by model.kernels: "fused" (model.fused_attention: one call over every
+        # the packed forward's kernel, set by model.engines.kernels: "fused" (model.engines.fused: one call over every
         # pair's rows in place) or a per-group one, `grouped`: "sdpa" (torch's) or "math"
         self.kernel = "sdpa"
         self.grouped = "sdpa"  # also where "fused" cannot run (several threads, autograd)
-        self.fused_max = FUSED_MAX_TOKENS  # longer pairs attend per group (model.kernels sets it per path)
+        self.fused_max = FUSED_MAX_TOKENS  # longer pairs attend per group (model.engines.kernels sets it per path)
 
     def project(self, x: Tensor, x_cls: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         if self.qkv is not None and x_cls is x:
@@ -72,15 +73,16 @@ class PackedSelfAttention(SelfAttention):
         return self._cls_projections(x, x_cls)
 
     def _project(self, x: Tensor) -> Tensor:
-        """q, k and v of `x`, concatenated along the last dimension, from whichever layers model.kernels left."""
+        """q, k and v of `x`, concatenated along the last dimension, from whichever layers model.engines.kernels
+        left."""
         if self.qkv is not None:
             return cast(Tensor, self.qkv(x))
         return torch.cat(self._cls_projections(x, x), dim=-1)
 
     def _cls_projections(self, x: Tensor, x_cls: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        """q for `x_cls`, k and v for `x`: from cls_q, cls_k and cls_v where model.kernels split the last layer's
-        projections so (k and v apart: their shape is the output layer's, whose oneDNN kernels are built anyway,
-        where one k/v layer cost ~50 MB of kernels for its own shape), else from query, key and value."""
+        """q for `x_cls`, k and v for `x`: from cls_q, cls_k and cls_v where model.engines.kernels split the last
+        layer's projections so (k and v apart: their shape is the output layer's, whose oneDNN kernels are built
+        anyway, where one k/v layer cost ~50 MB of kernels for its own shape), else from query, key and value."""
         if self.cls_q is not None and self.cls_k is not None and self.cls_v is not None:
             return self.cls_q(x_cls), self.cls_k(x), self.cls_v(x)
         return self.query(x_cls), self.key(x), self.value(x)
@@ -91,7 +93,7 @@ class PackedSelfAttention(SelfAttention):
         return F.scaled_dot_product_attention(q, k, v, attn_mask=bias)
 
     def _fused(self) -> bool:
-        # several threads only on torch's OpenMP team (fused_attention.parallel); no autograd through ctypes
+        # several threads only on torch's OpenMP team (fused.parallel); no autograd through ctypes
         return self.kernel == "fused" and (torch.get_num_threads() == 1 or parallel()) and not torch.is_grad_enabled()
 
     def forward_packed(self, x: Tensor, p: Packing, head_mask: Tensor | None) -> Tensor:
@@ -100,7 +102,7 @@ class PackedSelfAttention(SelfAttention):
 
     def context_packed(self, qkv: Tensor, p: Packing, head_mask: Tensor | None) -> Tensor:
         """qkv: (N, 3 * nh * hs) packed projections -> (N, nh * hs) context rows, before the output layer: the
-        part the attention kernels differ in (model.kernels.attention_probe times it). Per group, on a
+        part the attention kernels differ in (model.engines.kernels.attention_probe times it). Per group, on a
         (b, nh, t, hs) block, unless the fused kernel runs; that one leaves pairs over `fused_max` tokens to the
         groups (the first pairs: longest first)."""
         nh, hs = len(self.heads), self.head_size
@@ -164,7 +166,7 @@ class PackedLayer(Layer):
         self.attn: PackedSelfAttention = PackedSelfAttention(ref.attn)
         self.attn_norm, self.up, self.act_name, self.act = ref.attn_norm, ref.up, ref.act_name, ref.act
         self.down, self.ffn_norm, self.dropout = ref.down, ref.ffn_norm, ref.dropout
-        self.fused_norm = False  # the packed forward's add + norm in one pass (model.kernels.use_fused_norms)
+        self.fused_norm = False  # the packed forward's add + norm in one pass (model.engines.kernels.use_fused_norms)
 
     def forward_packed(self, x: Tensor, p: Packing, head_mask: Tensor | None) -> Tensor:
         """x: (N, H) packed tokens -> (N, H)."""

@@ -1,14 +1,63 @@
-"""`qtrel eval` and `qtrel baseline`: metrics of a checkpoint (and of the lexical baseline) on a labelled
-file, as text or JSON, with a confusion-matrix PNG. Parsing and dispatch only; the work is model/'s."""
+"""The training wing's commands: `qtrel train`, `eval`, `baseline`, `heads`, `prune`, `export`, `average`,
+`calibrate` and `quantize`. Their options here; what each runs is in `model.train.commands`, whose heavy
+imports happen inside each command, so that `qtrel`'s parser does not load torch."""
 
 from __future__ import annotations
 
-import json
-import re
-import sys
+import argparse
+from collections.abc import Callable
 
-from model.device import add_device_options
-from model.levels import DEFAULT_LEVELS, MAX_BATCH_TOKENS
+from model.cli import add_device_options
+from model.levels import MAX_BATCH_TOKENS
+from model.train import commands
+
+
+def add_commands(sub: argparse._SubParsersAction) -> None:
+    """The wing's commands, in `qtrel --help`'s order."""
+    for add in (add_train, add_eval, add_baseline, add_heads, add_prune, add_export, add_average, add_calibrate,
+                add_quantize):  # fmt: skip
+        add(sub)
+
+
+COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
+    "train": commands.cmd_train,
+    "eval": commands.cmd_eval,
+    "baseline": commands.cmd_baseline,
+    "heads": commands.cmd_heads,
+    "prune": commands.cmd_prune,
+    "export": commands.cmd_export,
+    "average": commands.cmd_average,
+    "calibrate": commands.cmd_calibrate,
+    "quantize": commands.cmd_quantize,
+}
+
+
+def add_train(sub) -> None:
+    from dataclasses import MISSING, fields
+
+    from model.train.args import HELP, TrainArgs
+
+    p = sub.add_parser("train", help="fine-tune a BERT encoder (or a qtrel checkpoint) on graded pairs")
+    p.add_argument("train_file", help="CSV or JSON lines with query, title and a graded label")
+    p.add_argument("--base", help="encoder or qtrel checkpoint directory (default: the MiniLM base)")
+    p.add_argument("--out", dest="output_dir", required=True, help="output checkpoint directory")
+    p.add_argument(
+        "--dev", dest="dev_file", help="labelled dev file for periodic evaluation and best-checkpoint keeping"
+    )
+    p.add_argument("--labels", default="1,2,3,4,5", help="levels, comma-separated, in class order")
+    p.add_argument("--label-map", help='JSON mapping from file values to levels, e.g. \'{"0":"1","1":"3"}\'')
+    p.add_argument("--no-progress", dest="progress", action="store_false")
+    special = {"train_file", "base", "output_dir", "dev_file", "labels", "label_map", "progress"}
+    for f in fields(TrainArgs):  # every other option, with TrainArgs' own default
+        if f.name in special:
+            continue
+        assert f.default is not MISSING, f.name
+        p.add_argument(
+            "--" + f.name.replace("_", "-"),
+            type=type(f.default),
+            default=f.default,
+            help=HELP.get(f.name, "") + f" (default {f.default})",
+        )
 
 
 def add_eval(sub) -> None:
@@ -52,131 +101,84 @@ def _add_report_options(p) -> None:
     p.add_argument("--json", action="store_true", help="print machine-readable JSON only")
 
 
-def fail(a, message) -> int:
-    print(f"qtrel {a.command}: {message}", file=sys.stderr)
-    return 2
+def add_heads(sub) -> None:
+    p = sub.add_parser("heads", help="head-mask experiments (random, lower/upper, layers, single heads, term matching)")
+    p.add_argument("model", help="checkpoint directory")
+    p.add_argument("data", help="labelled CSV / JSON lines")
+    p.add_argument("--out", required=True, help="directory for the JSON results and PNG figures")
+    p.add_argument("--limit", type=int, default=1500, help="pairs (whole queries) evaluated per mask")
+    p.add_argument("--seeds", type=int, default=3, help="random masks per point")
+    p.add_argument("--experiments", default="all", help="comma-separated subset of the experiments")
+    p.add_argument("--threads", type=int, default=0)
+    p.add_argument("--no-progress", action="store_true")
 
 
-def _label_options(a) -> tuple[list[str] | None, dict[str, str] | None]:
-    """--labels and --label-map, checked; ValueError says what is wrong."""
-    labels = [s.strip() for s in a.labels.split(",")] if a.labels else None
-    if labels is not None and (len(labels) < 2 or "" in labels or len(set(labels)) != len(labels)):
-        raise ValueError(f"--labels needs two or more distinct levels, got {a.labels!r}")
-    if not a.label_map:
-        return labels, None
-    try:
-        label_map = json.loads(a.label_map)
-    except json.JSONDecodeError as e:
-        raise ValueError(f"--label-map is not valid JSON ({e})") from None
-    if not isinstance(label_map, dict):
-        raise ValueError('--label-map must be a JSON object such as {"0": "1"}')
-    return labels, {str(k): str(v) for k, v in label_map.items()}
+def add_prune(sub) -> None:
+    p = sub.add_parser("prune", help="remove the least important attention heads and save a smaller checkpoint")
+    p.add_argument("model", help="checkpoint directory")
+    p.add_argument("data", help="labelled file the gradient importance is measured on (use training data)")
+    p.add_argument("--out", required=True)
+    p.add_argument("--fraction", type=float, required=True, help="share of all heads to remove (0..1)")
+    p.add_argument("--limit", type=int, default=2000, help="pairs used for the importance scores")
 
 
-def _report(
-    a, labels: list[str], results: dict, systems: dict, negatives: dict | None = None, notes: tuple[str, ...] = ()
-) -> int:
-    """Print the text or JSON report and write the PNG; shared by eval and baseline."""
-    from model.train.report import confusion_png, text_report
-
-    png = None
-    if a.png:
-        try:
-            png = str(confusion_png(results, labels, a.png, title=a.data_file))
-        except ImportError:
-            return fail(a, "--png needs matplotlib (pip install 'qtrel[train]')")
-        except OSError as e:
-            return fail(a, f"cannot write {a.png}: {e}")
-    if a.json:
-        out = {"data": a.data_file, "labels": labels, "results": results, "systems": systems, "png": png}
-        if negatives:
-            out["negatives"] = negatives
-        print(json.dumps(out, indent=2))
-        return 0
-    print(text_report(results, labels, a.data_file, negatives), end="")
-    for name, meta in systems.items():
-        print(f"{name}: " + ", ".join(f"{k}={v}" for k, v in meta.items()))
-    if png:
-        print(f"confusion matrix: {png}")
-    for line in notes:
-        print(line)
-    return 0
+def add_export(sub) -> None:
+    p = sub.add_parser("export", help="re-save a checkpoint (e.g. as float16 weights) under a model id")
+    p.add_argument("model", help="checkpoint directory")
+    p.add_argument("out", help="output directory")
+    p.add_argument(
+        "--dtype",
+        choices=["float32", "float16", "bfloat16"],
+        default="float16",
+        help="storage precision of the weights (the model still runs in the precision asked at load)",
+    )
+    p.add_argument("--model-id", help="name reported by the service (config key qtrel_model_id)")
 
 
-def _fit_baseline(a, train_file: str, labels: list[str], label_map: dict[str, str] | None):
-    """(baseline, its description) fitted on train_file."""
-    try:
-        from model.train.baseline import LexicalBaseline
-    except ImportError as e:
-        raise ValueError(f"the baseline needs scikit-learn ({e}): pip install 'qtrel[train]'") from None
-    baseline = LexicalBaseline(labels).fit_file(train_file, a.label_column, label_map)
-    return baseline, {"train_file": train_file, "rounds": baseline.rounds}
+def add_average(sub) -> None:
+    p = sub.add_parser("average", help="average the weights of checkpoints of one architecture into one")
+    p.add_argument("models", nargs="+", help="two or more checkpoint directories")
+    p.add_argument("--out", required=True, help="output directory")
+    p.add_argument("--dtype", choices=["float32", "float16", "bfloat16"], default="float32")
 
 
-def cmd_eval(a) -> int:
-    from model.data import read_labelled
-    from model.relevance import RelevanceModel
-    from model.train.baseline import evaluate_baseline  # numpy only; scikit-learn is imported by the fit
-    from model.train.evaluate import metrics_of, negatives_report, score_dataset
-    from model.train.negatives import sample_negatives
-
-    try:
-        labels, label_map = _label_options(a)
-        if not re.fullmatch(r"cpu|auto|cuda(:\d+)?", a.device):
-            raise ValueError(f"--device must be cpu, cuda, cuda:N or auto, got {a.device!r}")
-        model = RelevanceModel.load(a.model_dir, device=a.device, dtype=a.dtype, max_length=a.max_length)
-        if labels is not None and labels != model.labels:
-            raise ValueError(f"--labels {','.join(labels)} differ from the model's levels {','.join(model.labels)}")
-        labels = model.labels
-        ds = read_labelled(a.data_file, labels, a.label_column, label_map)
-        if a.baseline_train:
-            baseline, baseline_meta = _fit_baseline(a, a.baseline_train, labels, label_map)
-    except ValueError as e:
-        return fail(a, e)
-    judged = score_dataset(model, ds.examples, a.max_batch_tokens)
-    results = {"model": metrics_of(ds, judged)}
-    systems = {
-        "model": {
-            "checkpoint": a.model_dir,
-            "device": str(model.device),
-            "dtype": model.dtype,
-            "level_rule": model.rule.name,
-        }
-    }
-    negatives = {}
-    if a.negatives:
-        negs = sample_negatives(ds, a.negatives, seed=a.seed)
-        negatives["model"] = negatives_report(ds, judged, negs, score_dataset(model, negs, a.max_batch_tokens))
-    if a.baseline_train:
-        results["baseline"] = evaluate_baseline(baseline, ds)
-        systems["baseline"] = baseline_meta
-    notes: tuple[str, ...] = ()
-    if a.reliability_png:
-        from model.train.metrics import reliability
-        from model.train.report import reliability_png
-
-        per_level = reliability(judged.probs.tolist(), ds.labels)
-        results["model"]["ece_per_level"] = [round(lv["ece"], 4) for lv in per_level]
-        try:
-            reliability_png(per_level, labels, a.reliability_png, title=f"{a.model_dir} on {a.data_file}")
-        except ImportError:
-            return fail(a, "--reliability-png needs matplotlib (pip install 'qtrel[train]')")
-        except OSError as e:
-            return fail(a, f"cannot write {a.reliability_png}: {e}")
-        ece = ", ".join(f"{lab} {v:.3f}" for lab, v in zip(labels, results["model"]["ece_per_level"]))
-        notes = (f"reliability diagram: {a.reliability_png} (ECE per level: {ece})",)
-    return _report(a, labels, results, systems, negatives, notes)
+def add_calibrate(sub) -> None:
+    p = sub.add_parser(
+        "calibrate", help="fit a temperature (log-loss) and the level cut points (QWK) on a held-out labelled file"
+    )
+    p.add_argument("model", help="checkpoint directory")
+    p.add_argument("data", help="held-out labelled file (not the training file)")
+    p.add_argument("--out", required=True)
+    p.add_argument("--no-cuts", action="store_true", help="keep argmax: do not fit the level rule's cut points")
+    p.add_argument(
+        "--bias",
+        action="store_true",
+        help="also fit a bias per level (vector scaling): corrects the level prior, e.g. after negatives",
+    )
+    p.add_argument("--min-share", type=float, default=0.02, help="least share of pairs each level must be given")
+    p.add_argument(
+        "--unrelated",
+        type=float,
+        metavar="SHARE",
+        help="set the lowest level's cut point so that this share (e.g. 0.95) of unrelated titles "
+        "(sampled negatives of the data file) grade at level 1; the other cut points are fitted around it",
+    )
+    p.add_argument(
+        "--negatives-weight",
+        type=float,
+        default=1.0,
+        help="a head with a 'not a candidate' class: the weight of each sampled negative against a judged pair",
+    )
 
 
-def cmd_baseline(a) -> int:
-    from model.data import read_labelled
-    from model.train.baseline import evaluate_baseline
-
-    try:
-        labels, label_map = _label_options(a)
-        labels = labels or list(DEFAULT_LEVELS)
-        ds = read_labelled(a.data_file, labels, a.label_column, label_map)
-        baseline, meta = _fit_baseline(a, a.train_file, labels, label_map)
-    except ValueError as e:
-        return fail(a, e)
-    return _report(a, labels, {"baseline": evaluate_baseline(baseline, ds)}, {"baseline": meta})
+def add_quantize(sub) -> None:
+    p = sub.add_parser(
+        "quantize",
+        help="calibrate a static int8 plan (int8.json, beside the weights) for --dtype int8 on OpenVINO",
+    )
+    p.add_argument("model", help="checkpoint directory (the plan is written into it)")
+    p.add_argument("pairs", help="a CSV with query and title columns: training pairs, not the evaluation file")
+    p.add_argument("--target", type=float, default=0.99, help="level agreement with float32 to keep")
+    p.add_argument("--calibration", type=int, default=512, help="pairs that fix the activation ranges")
+    p.add_argument("--selection", type=int, default=2000, help="other pairs that measure the agreement")
+    p.add_argument("--seed", type=int, default=0, help="the shuffle that draws the pairs")

@@ -26,6 +26,10 @@ from model.levels import MAX_BATCH_TOKENS
 
 Encoded = tuple[list[int], list[int]]  # (input_ids, token_type_ids) of one pair
 
+# Where the server hands the fork server the LoadSpec to load as its template (JSON): set by backend_process,
+# read by template, which the server never imports
+TEMPLATE_ENV = "QTREL_MODEL_TEMPLATE"
+
 
 @dataclass(frozen=True)
 class LoadSpec:
@@ -41,7 +45,7 @@ class LoadSpec:
     start: str = "template"  # process backend on cpu: "template" (forked by the fork server) or "spawn"
     # What runs the forward: "torch", "openvino" or "auto" (probed); chosen in the model process after the fork.
     inference: str = "torch"
-    # The torch forward's attention kernel on cpu: "auto" (probed), "fused" or "torch" (model.kernels).
+    # The torch forward's attention kernel on cpu: "auto" (probed), "fused" or "torch" (model.engines.kernels).
     attention: str = "auto"
     # Extra named jobs beside the built-in ones, as (name, "module:function") (e.g. a test's fault job).
     jobs: tuple[tuple[str, str], ...] = ()

@@ -28,6 +28,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from service.runtime.backend import (
+    TEMPLATE_ENV,
     Backend,
     BatchScores,
     Encoded,
@@ -49,7 +50,6 @@ from service.runtime.backend import (
 from service.runtime.layout import quiet_gc, release_free_memory
 
 TEMPLATE_MODULE = "service.runtime.template"  # imported by the fork server, never by this process
-TEMPLATE_ENV = "QTREL_MODEL_TEMPLATE"  # the spec the fork server loads as its template (JSON)
 _start_lock = threading.Lock()  # the fork server's environment is os.environ while it starts
 
 log = logging.getLogger("qtrel.worker")

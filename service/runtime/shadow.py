@@ -26,7 +26,7 @@ from service.runtime.backend import State
 from service.runtime.slot import Served, Slot
 
 if TYPE_CHECKING:
-    from service.runtime.engine import Scored
+    from service.runtime.results import Scored
 
 log = logging.getLogger("qtrel.shadow")
 

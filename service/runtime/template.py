@@ -27,8 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from service.runtime.backend import LoadSpec
-from service.runtime.backend_process import TEMPLATE_ENV
+from service.runtime.backend import TEMPLATE_ENV, LoadSpec
 
 if TYPE_CHECKING:  # torch is imported by build(), after OPENBLAS_NUM_THREADS is set
     from model.relevance import RelevanceModel

@@ -11,8 +11,8 @@ import time
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 
-from model.chunks import split_pairs
 from model.tokenizer import EncodedPairs
+from model.windows import split_pairs
 from service.metrics import Metrics
 from service.runtime.results import Scored, Tokenized
 from service.runtime.windows import TooManyWindows, Windowed, flatten, reduce

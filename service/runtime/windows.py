@@ -1,5 +1,5 @@
 """Documents in windows for the engine (`Engine.score_windows`): each title longer than the model's window
-(what the query leaves of `max_length`) is split by `model.chunks.split_pairs` into at most `max_chunks` overlapping
+(what the query leaves of `max_length`) is split by `model.windows.split_pairs` into at most `max_chunks` overlapping
 windows; every window is scored with its query as an ordinary pair (so windows share the batcher's token
 budget, the cache and single flight with everything else), and each document gets its best window's
 scores. No HTTP, no torch."""
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from model.chunks import Window, best
+from model.windows import Window, best
 from service.runtime.worker_api import PairOutput
 
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from model import kernels as kernel_layer
-from model.kernels import onednn_available
+from model.engines import kernels as kernel_layer
+from model.engines.kernels import onednn_available
 from model.relevance import RelevanceModel
 
 

@@ -7,7 +7,7 @@ import warnings
 import pytest
 import torch
 
-from model.kernels import onednn_available, probe
+from model.engines.kernels import onednn_available, probe
 from model.relevance import RelevanceModel, pad_batch
 from tests.conftest import make_tiny_checkpoint, read_pairs
 

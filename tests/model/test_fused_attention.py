@@ -1,4 +1,4 @@
-"""The fused packed attention kernel (model/_attention.c through model.fused_attention): against a float64
+"""The fused packed attention kernel (model/engines/_kernels.c through model.engines.fused): against a float64
 reference per pair, on every ISA build this CPU can run; its refusals; and the model path that uses it."""
 
 from __future__ import annotations
@@ -13,11 +13,11 @@ import numpy as np
 import pytest
 import torch
 
-from model import fused_attention as fa
-from model import kernels as kernel_layer
 from model.bert import BertForRelevance
 from model.config import BertConfig
 from model.device import cpu_flags
+from model.engines import fused as fa
+from model.engines import kernels as kernel_layer
 from model.engines.packed import PackedBertForRelevance
 from model.relevance import RelevanceModel
 from tests.conftest import read_pairs
@@ -189,11 +189,11 @@ def isa_builds():
 def test_every_isa_build_matches_reference(name, march, tmp_path, monkeypatch):
     """The installed library picks its AVX-512, AVX2 or baseline code by the CPU; each of the three, built
     alone, must agree with the reference, so the code a user on another CPU runs is tested here too."""
-    src = fa._HERE / "_attention.c"
+    src = fa._HERE / "_kernels.c"
     if not src.exists():
         pytest.skip("the kernel's source is not beside the installed package")
     so = tmp_path / f"attention-{name}.so"
-    flags = ["-O3", "-shared", "-fPIC", "-Wno-psabi", f"-march={march}", "-DQTREL_NO_CLONES"]
+    flags = ["-O3", "-Wall", "-Werror", "-shared", "-fPIC", "-Wno-psabi", f"-march={march}", "-DQTREL_NO_CLONES"]
     subprocess.run(["cc", *flags, "-o", str(so), str(src)], check=True)
     lib = fa.bind(so)
     dots = [0, 1] if lib.qtrel_bf16_dot(1) else [0]
@@ -402,8 +402,8 @@ def test_fused_max_tokens_per_path(tiny_checkpoint, monkeypatch):
         (amx_flags, True, True, torch.float32, 32, packed.FUSED_MAX_TOKENS),
     ):
         monkeypatch.setattr(kernel_layer, "cpu_flags", lambda f=flags: frozenset(f))
-        monkeypatch.setattr(kernel_layer.fused_attention, "bf16_dot", lambda d=dot: d)
-        monkeypatch.setattr(kernel_layer.fused_attention, "amx", lambda a=amx: a)
+        monkeypatch.setattr(kernel_layer.fused, "bf16_dot", lambda d=dot: d)
+        monkeypatch.setattr(kernel_layer.fused, "amx", lambda a=amx: a)
         assert kernel_layer.fused_max_tokens(dtype, hs) == want, (flags, dot, amx, dtype, hs)
     m = RelevanceModel.load(tiny_checkpoint, dtype="bfloat16")
     m.use_attention("fused")

@@ -1,5 +1,6 @@
-"""The fused residual add + LayerNorm (model/_attention.c's qtrel_add_layer_norm, model.fused_attention.add_layer_norm)
-against float64 arithmetic, in every ISA build, on several threads, and inside the packed forward."""
+"""The fused residual add + LayerNorm (model/engines/_kernels.c's qtrel_add_layer_norm,
+model.engines.fused.add_layer_norm) against float64 arithmetic, in every ISA build, on several threads, and inside
+the packed forward."""
 
 from __future__ import annotations
 
@@ -12,8 +13,8 @@ import pytest
 import torch
 from torch import nn
 
-from model import fused_attention as fa
 from model.bert import Layer
+from model.engines import fused as fa
 from model.relevance import RelevanceModel
 from tests.conftest import read_pairs
 from tests.model.test_fused_attention import isa_builds
@@ -151,11 +152,11 @@ def test_refuses_what_it_cannot_compute():
 @pytest.mark.parametrize("name, march", isa_builds())
 def test_every_isa_build_matches(name, march, tmp_path, monkeypatch):
     """The AVX-512, AVX2 and baseline code, each built alone: what a user on another CPU runs."""
-    src = fa._HERE / "_attention.c"
+    src = fa._HERE / "_kernels.c"
     if not src.exists():
         pytest.skip("the kernel's source is not beside the installed package")
     so = tmp_path / f"norm-{name}.so"
-    flags = ["-O3", "-shared", "-fPIC", "-Wno-psabi", f"-march={march}", "-DQTREL_NO_CLONES"]
+    flags = ["-O3", "-Wall", "-Werror", "-shared", "-fPIC", "-Wno-psabi", f"-march={march}", "-DQTREL_NO_CLONES"]
     subprocess.run(["cc", *flags, "-o", str(so), str(src), "-lm"], check=True)
     lib = fa.bind(so)
     for wide in (1, 0):  # the 16-lane code where this CPU has AVX512-BF16, and this build's 8-lane code

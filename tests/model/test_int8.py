@@ -1,4 +1,4 @@
-"""Static int8 on OpenVINO (model.int8): the plan's calibration and selection, its file, OpenVINO's int8
+"""Static int8 on OpenVINO (model.engines.int8): the plan's calibration and selection, its file, OpenVINO's int8
 kernels against the same quantisation simulated in torch, and where int8 falls back to torch."""
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from model import int8
 from model.checkpoint import load_module
+from model.engines import int8
 from model.relevance import RelevanceModel, pad_batch
 from tests.conftest import read_pairs
 
@@ -104,7 +104,7 @@ def test_openvino_runs_the_plan_on_int8_kernels_as_torch_simulates_it(ov, checkp
     """The int8 graph OpenVINO compiles computes what the quantise-dequantise module computes in float32:
     the same integer products, so the two agree far closer than either agrees with float32 (most rows to
     float rounding; where a value sits on a rounding step, float32 noise can put it on the other side)."""
-    from model.openvino_inference import OpenVINOForward
+    from model.engines.openvino import OpenVINOForward
 
     module = load_module(checkpoint).eval()
     plan = full_plan(checkpoint)

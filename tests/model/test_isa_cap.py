@@ -17,8 +17,8 @@ import pytest
 import torch
 
 from model.device import bf16_capped, resolve_dtype
-from model.kernels import onednn_pays
-from model.onednn import probe
+from model.engines.kernels import onednn_pays
+from model.engines.onednn import probe
 from model.relevance import RelevanceModel, pad_batch
 from tests.conftest import read_pairs
 

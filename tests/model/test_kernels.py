@@ -1,4 +1,4 @@
-"""The CPU kernel layer (model.kernels): pre-packed oneDNN linear layers where they pay, fused plain ones
+"""The CPU kernel layer (model.engines.kernels): pre-packed oneDNN linear layers where they pay, fused plain ones
 where they do not (float32 without AVX-512), the probe of the private ops oneDNN's rest on, and the plain
 fallback when the probe fails. Both kernel kinds are tested on every CPU (`kernels`, tests/model/conftest.py,
 forces each)."""
@@ -12,10 +12,9 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from model import fused_attention
-from model import kernels as kernel_layer
-from model.engines import packed
-from model.kernels import OneDNNLinear, onednn_available, onednn_pays, probe, warm_linear_shapes
+from model.engines import fused, packed
+from model.engines import kernels as kernel_layer
+from model.engines.kernels import OneDNNLinear, onednn_available, onednn_pays, probe, warm_linear_shapes
 from model.packing import token_buckets
 from model.relevance import RelevanceModel, pad_batch
 from tests.conftest import read_pairs
@@ -186,7 +185,7 @@ def test_broken_private_ops_fall_back_to_the_plain_layers(tiny_checkpoint, unpac
 
     fallback.warm_up(64)  # warms the plain layers without touching the broken ops
     fallback.use_attention(unpacked.attention)  # the attention kernel does not depend on the linears' probe
-    assert fallback.fused_norm == fused_attention.available()[0]  # nor do the fused norms; the reference runs torch's
+    assert fallback.fused_norm == fused.available()[0]  # nor do the fused norms; the reference runs torch's
     for layer in fallback.module.bert.blocks:
         layer.fused_norm = False
     got = fallback.logits(encoded.input_ids, encoded.token_type_ids)

@@ -1,4 +1,4 @@
-"""The optional OpenVINO forward (model.openvino_inference): parity with the torch path, the head-mask and
+"""The optional OpenVINO forward (model.engines.openvino): parity with the torch path, the head-mask and
 bad-batch fallbacks to torch, the start-up probe, and torch alone where OpenVINO is absent or not asked for."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from model.openvino_inference import MARGIN
+from model.engines.openvino import MARGIN
 from model.relevance import RelevanceModel
 from tests.conftest import read_pairs
 

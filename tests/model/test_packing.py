@@ -109,8 +109,7 @@ def test_token_slices_cut_a_batch_into_consecutive_runs_under_the_budget():
 
 
 def test_fused_kernels_forward_a_long_batch_in_slices_with_the_same_logits(tiny_checkpoint, monkeypatch):
-    from model import kernels
-    from model.engines import eager
+    from model.engines import eager, kernels
 
     monkeypatch.setattr(kernels, "onednn_pays", lambda dtype: False)
     fused = RelevanceModel.load(tiny_checkpoint)

@@ -11,9 +11,9 @@ from tokenizers import Tokenizer, decoders, normalizers, pre_tokenizers, process
 from tokenizers.models import BPE, Unigram, WordPiece
 from tokenizers.trainers import BpeTrainer
 
-from model.chunks import split_pairs
 from model.templates import PairTemplate, TemplateError
 from model.tokenizer import PairTokenizer, TokenizerError
+from model.windows import split_pairs
 
 WORDS = ["cordless", "drill", "battery", "kit", "red", "deck", "paint", "苹", "果", "手", "机", "价", "格"]
 
@@ -111,7 +111,7 @@ def test_truncation_keeps_the_query_and_fills_max_length(tmp_path, kind):
 def test_windows_fill_what_the_query_leaves(tmp_path, kind):
     tok = saved(tmp_path, KINDS[kind](), max_length=16)
     query, title = "drill", " ".join(["red deck paint kit cordless"] * 4)
-    (windows,) = split_pairs(tok, [query], [title], max_chunks=10, overlap=2)
+    (windows,) = split_pairs(tok, [query], [title], max_windows=10, overlap=2)
     room = 16 - tok.specials - len(tok.encode_texts([query])[0])
     assert len(windows) > 1
     for w in windows:

@@ -284,7 +284,7 @@ def test_each_distinct_pair_is_forwarded_once_and_duplicates_get_its_very_row(mo
 
 
 def test_max_chunks_scores_long_titles_in_windows_and_names_the_best(model, tmp_path):
-    from model.chunks import split_pairs
+    from model.windows import split_pairs
 
     long = ", ".join(f"{w} {i}" for i, w in enumerate(WORDS * 8))  # ~300 word pieces
     rows = [{"query": "cordless drill", "title": long}, {"query": "rope", "title": "rope 50 ft"}]

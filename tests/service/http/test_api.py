@@ -437,7 +437,7 @@ def test_attention_setting_reaches_the_model_processes(tiny_checkpoint, attentio
     and why; scores are the same either way (tests/model/test_fused_attention.py checks them closely)."""
     import torch
 
-    from model import fused_attention
+    from model.engines import fused
 
     with live_server(tiny_checkpoint, attention=attention, replicas=1, threads=1) as srv:
         info = httpx.get(srv.url + "/info").json()
@@ -448,9 +448,9 @@ def test_attention_setting_reaches_the_model_processes(tiny_checkpoint, attentio
     if attention == "torch":
         assert model["attention"] == "sdpa" and model["attention_reason"] == "asked for torch's kernels"
         assert model["attention_path"] is None and model["fused_norm"] is False  # none of the C code
-    elif fused_attention.available()[0]:
+    elif fused.available()[0]:
         assert model["attention"] == "fused" and model["attention_reason"] == "asked for the fused kernel"
-        assert model["attention_path"] == fused_attention.path(getattr(torch, model["dtype"]))
+        assert model["attention_path"] == fused.path(getattr(torch, model["dtype"]))
         assert model["fused_norm"] is True
     else:
         assert model["attention"] == "sdpa" and "fused kernel unavailable" in model["attention_reason"]
@@ -462,8 +462,8 @@ def test_dtype_int8_serves_the_checkpoints_static_int8_plan(tiny_checkpoint, tmp
     pytest.importorskip("openvino")
     import shutil
 
-    from model import int8
     from model.checkpoint import load_module
+    from model.engines import int8
     from model.relevance import pad_batch
 
     ckpt = Path(shutil.copytree(tiny_checkpoint, tmp_path / "tiny"))

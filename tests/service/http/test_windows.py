@@ -9,8 +9,8 @@ import asyncio
 import httpx
 import pytest
 
-from model.chunks import split
 from model.tokenizer import SPECIAL_TOKENS_IN_PAIR, PairTokenizer
+from model.windows import split
 from tests.service.conftest import live_server, run
 
 QUERY = "cordless drill"

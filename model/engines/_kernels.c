@@ -1,5 +1,5 @@
 /* Attention over packed pairs, fused: one call per layer reads the packed q/k/v rows in place and writes
- * the context rows, with no padding, no gathers and no mask (model/fused_attention.py says why). Plain C
+ * the context rows, with no padding, no gathers and no mask (model/engines/fused.py says why). Plain C
  * with no Python or torch headers: an optional extension built at install and called through ctypes, so a
  * machine without a compiler still installs, and runs torch's kernel instead.
  *

@@ -97,9 +97,10 @@ def best(scores: Sequence[float]) -> int:
 
 
 def split_pairs(
-    tok: PairTokenizer, queries: list[str], titles: list[str], max_chunks: int, overlap: int
+    tok: PairTokenizer, queries: list[str], titles: list[str], max_windows: int, overlap: int
 ) -> list[list[Window]]:
-    """Per pair, the windows of its title: as many pieces as the query leaves of the model's window."""
+    """Per pair, the windows of its title, at most `max_windows` (the API's `max_chunks`): as many pieces each as
+    the query leaves of the model's window."""
     uniq = list(dict.fromkeys(queries))
     room = {q: tok.max_length - tok.specials - len(ids) for q, ids in zip(uniq, tok.encode_texts(uniq))}
     out = []
@@ -108,5 +109,5 @@ def split_pairs(
         if size < MIN_WINDOW:  # a query this long is cut with its title as usual: no windows
             out.append([Window(t, 0, len(t), len(offsets))])
         else:
-            out.append(split(t, offsets, words, size, overlap, max_chunks))
+            out.append(split(t, offsets, words, size, overlap, max_windows))
     return out

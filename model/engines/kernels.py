@@ -1,5 +1,5 @@
 """The CPU kernel layer: the encoder's linear layers swapped for oneDNN ones with pre-packed weights
-(`model.onednn`, where its probe passes and where they pay, `onednn_pays`), or for fused plain ones, and
+(`model.engines.onednn`, where its probe passes and where they pay, `onednn_pays`), or for fused plain ones, and
 their kernels built for every token bucket at warm-up."""
 
 from __future__ import annotations
@@ -11,11 +11,11 @@ from typing import NamedTuple
 import torch
 from torch import nn
 
-from model import fused_attention
 from model.bert import BertForRelevance
 from model.device import cpu_flags, cpu_runs_bf16_natively
+from model.engines import fused
+from model.engines.onednn import OneDNNLinear, onednn_available, probe
 from model.engines.packed import FUSED_MAX_TOKENS, PackedLayer
-from model.onednn import OneDNNLinear, onednn_available, probe
 from model.packing import pack, token_buckets
 
 log = logging.getLogger("qtrel.model")
@@ -62,7 +62,7 @@ ATTENTION_KINDS = ("sdpa", "math", "fused")
 
 def set_attention(module: nn.Module, kind: str) -> str:
     """Set the packed forward's attention kernel of every layer: "sdpa" (torch's flash kernel, per group of
-    similar length), "math" (two matmuls, per group) or "fused" (`model.fused_attention`, one call a layer)."""
+    similar length), "math" (two matmuls, per group) or "fused" (`model.engines.fused`, one call a layer)."""
     if kind not in ATTENTION_KINDS:
         raise ValueError(f"attention must be one of {ATTENTION_KINDS}, not {kind!r}")
     if kind == "fused" and (why := fused_unavailable(module, _dtype_of(module))):
@@ -83,9 +83,9 @@ def fused_max_tokens(dtype: torch.dtype, head_size: int = 32) -> int:
     the CPU has AMX but the tile path does not run (head sizes not a multiple of 32, or turned off), torch's
     kernels run on tiles and were never measured against the dot products; there, and in float32 arithmetic,
     pairs up to model.engines.packed.FUSED_MAX_TOKENS."""
-    if dtype == torch.bfloat16 and fused_attention.amx() and head_size % 32 == 0:
+    if dtype == torch.bfloat16 and fused.amx() and head_size % 32 == 0:
         return 2**62
-    if dtype == torch.bfloat16 and fused_attention.bf16_dot() and "amx_bf16" not in cpu_flags():
+    if dtype == torch.bfloat16 and fused.bf16_dot() and "amx_bf16" not in cpu_flags():
         return 2**62
     return FUSED_MAX_TOKENS
 
@@ -93,7 +93,7 @@ def fused_max_tokens(dtype: torch.dtype, head_size: int = 32) -> int:
 def attention_path(kind: str, dtype: str) -> str | None:
     """Which code attends where `kind` is "fused", for /info (AMX tiles, AVX512-BF16 dot products or float32
     arithmetic); None for torch's kernels."""
-    return fused_attention.path(getattr(torch, dtype)) if kind == "fused" else None
+    return fused.path(getattr(torch, dtype)) if kind == "fused" else None
 
 
 def _dtype_of(module: nn.Module) -> torch.dtype:
@@ -108,11 +108,11 @@ def per_group_attention(dtype: torch.dtype) -> str:
 def fused_unavailable(module: nn.Module, dtype: torch.dtype) -> str | None:
     """Why the fused kernel cannot attend for `module` in `dtype` (not built, or a precision or head size it
     does not compute), or None where it can."""
-    built, why = fused_attention.available()
+    built, why = fused.available()
     if not built:
         return why
     layers = [m for m in module.modules() if isinstance(m, PackedLayer)]
-    if not all(fused_attention.supports(dtype, m.attn.head_size) for m in layers):
+    if not all(fused.supports(dtype, m.attn.head_size) for m in layers):
         return f"it does not compute {dtype} or these head sizes"
     return None
 
@@ -197,13 +197,13 @@ def _attention_kernel(module: nn.Module, dtype: torch.dtype, want: str) -> Atten
 
 
 def use_fused_norms(module: nn.Module, dtype: torch.dtype) -> bool:
-    """Turn on the packed forward's fused residual add + LayerNorm (`model.fused_attention.add_layer_norm`) in
+    """Turn on the packed forward's fused residual add + LayerNorm (`model.engines.fused.add_layer_norm`) in
     every layer where the library is built and computes `dtype` and the norms' shapes; say whether it is on.
     No probe: on Sapphire Rapids the op ran 2.1-2.6x torch's two in bfloat16 at 216-830 rows (1.1x at 32), the
     whole 1-thread forward 1.06-1.07x (bench/norm_ab.py, docs/benchmarks.md)."""
-    built, _ = fused_attention.available()
+    built, _ = fused.available()
     layers = [m for m in module.modules() if isinstance(m, PackedLayer)]
-    on = built and all(fused_attention.norm_supports(n, dtype) for m in layers for n in (m.attn_norm, m.ffn_norm))
+    on = built and all(fused.norm_supports(n, dtype) for m in layers for n in (m.attn_norm, m.ffn_norm))
     for m in layers:
         m.fused_norm = on
     return on
@@ -274,9 +274,9 @@ def use_onednn_linears(model: nn.Module) -> None:
             continue
         a = layer.attn
         a.out = OneDNNLinear(*_weights(a.out))
-        fused = {"gelu": "none", "gelu_new": "tanh", "gelu_pytorch_tanh": "tanh"}.get(layer.act_name)
-        if fused is not None:
-            layer.up = OneDNNLinear(*_weights(layer.up), "gelu", fused)
+        gelu = {"gelu": "none", "gelu_new": "tanh", "gelu_pytorch_tanh": "tanh"}.get(layer.act_name)
+        if gelu is not None:  # GELU in the up-projection's kernel
+            layer.up = OneDNNLinear(*_weights(layer.up), "gelu", gelu)
             layer.act = nn.Identity()
         else:
             layer.up = OneDNNLinear(*_weights(layer.up))
@@ -287,7 +287,7 @@ def use_onednn_linears(model: nn.Module) -> None:
 def warm_linear_shapes(module: BertForRelevance, max_tokens: int) -> int:
     """Run every distinct linear layer of the encoder once per token bucket up to `max_tokens`, so that
     oneDNN's kernels for those shapes exist before the first request. Returns the shapes warmed."""
-    seen: dict[tuple, tuple[nn.Module, int]] = {}
+    seen: dict[tuple[type, int, int, str | None], tuple[nn.Module, int]] = {}
     for m in module.modules():
         if isinstance(m, PackedLayer):
             a = m.attn

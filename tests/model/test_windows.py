@@ -1,12 +1,12 @@
-"""model.chunks: long titles in overlapping windows of whole words, on the real MiniLM tokenizer's pieces
+"""model.windows: long titles in overlapping windows of whole words, on the real MiniLM tokenizer's pieces
 and offsets; each window is a substring of the document that tokenises back to the same pieces."""
 
 from __future__ import annotations
 
 import pytest
 
-from model.chunks import best, plan, split, stride_of
 from model.tokenizer import PairTokenizer
+from model.windows import best, plan, split, stride_of
 from tests.conftest import minilm_dir
 
 

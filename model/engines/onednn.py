@@ -1,5 +1,5 @@
 """oneDNN linear layers with pre-packed weights, and the probe that says whether this torch and CPU run
-them right. A leaf: it knows nothing of the encoder (model.kernels swaps these into it).
+them right. A leaf: it knows nothing of the encoder (model.engines.kernels swaps these into it).
 
 This rests on two private torch ops, `torch.ops.mkldnn._reorder_linear_weight` and
 `torch.ops.mkldnn._linear_pointwise`, which a torch release may change or drop, and which refuse

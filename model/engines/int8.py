@@ -20,10 +20,10 @@ from __future__ import annotations
 import copy
 import json
 import math
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -65,7 +65,7 @@ class LinearPlan:
 @dataclass
 class Int8Plan:
     linears: dict[str, LinearPlan]
-    about: dict = field(default_factory=dict)  # how it was made and what it measured (qtrel quantize)
+    about: dict[str, Any] = field(default_factory=dict)  # how it was made and what it measured (qtrel quantize)
 
     def save(self, model_dir: str | Path) -> Path:
         path = Path(model_dir) / PLAN_FILE
@@ -136,7 +136,7 @@ class FakeQuantLinear(nn.Module):
         return F.linear(x, w, self.bias)
 
 
-def _linear(module: nn.Module, name: str) -> nn.Linear:
+def linear_named(module: nn.Module, name: str) -> nn.Linear:
     lin = module.get_submodule(name)
     assert isinstance(lin, nn.Linear)
     return lin
@@ -158,7 +158,7 @@ def replaced(
     q = copy.deepcopy(module).eval()
     for name in names:
         parent, _, attr = name.rpartition(".")
-        setattr(q.get_submodule(parent), attr, make(name, _linear(q, name)))
+        setattr(q.get_submodule(parent), attr, make(name, linear_named(q, name)))
     return q
 
 
@@ -179,7 +179,7 @@ def calibrate(module: BertForRelevance, batches: Sequence[Batch], alpha: float =
     hooks = []
     for name in encoder_linears(module):
 
-        def hook(_m, inputs, _out, name=name):
+        def hook(_m: nn.Module, inputs: tuple[Tensor, ...], _out: Tensor, name: str = name) -> None:
             seen.setdefault(name, []).append(inputs[0].detach().float()[mask[0]])
 
         hooks.append(module.get_submodule(name).register_forward_hook(hook))
@@ -195,7 +195,7 @@ def calibrate(module: BertForRelevance, batches: Sequence[Batch], alpha: float =
         x = torch.cat(xs)  # (tokens, in)
         smooth = None
         if not name.endswith(UNSMOOTHED):
-            w = _linear(module, name).weight.detach().float()
+            w = linear_named(module, name).weight.detach().float()
             s = x.abs().amax(0).clamp(min=1e-5) ** alpha / w.abs().amax(0).clamp(min=1e-5) ** (1 - alpha)
             x = x / s
             smooth = tuple(s.tolist())
@@ -211,7 +211,7 @@ def select(
     levels_with: Callable[[dict[str, LinearPlan]], Tensor],
     want: Tensor,
     target: float,
-) -> tuple[dict[str, LinearPlan], dict]:
+) -> tuple[dict[str, LinearPlan], dict[str, Any]]:
     """The largest set of linears, least harmful first, whose levels agree with `want` (float32's) on at
     least `target` of the pairs: each linear measured alone, then the longest prefix of that order that holds
     (binary search: the agreement falls, with noise, as linears are added). "Holds" is judged on a one-sided
@@ -239,64 +239,3 @@ def select(
             hi = mid - 1
     chosen = {n: candidates[n] for n in order[:lo]}
     return chosen, {"alone": {n: round(a, 5) for n, a in alone.items()}, "selection_agreement": round(kept, 5)}
-
-
-def linear_flops_share(module: BertForRelevance, names: Sequence[str]) -> float:
-    """The share of the encoder's linear multiply-adds (per token) that the named linears do."""
-    size = {n: _linear(module, n).weight.numel() for n in encoder_linears(module)}
-    return sum(size[n] for n in names) / sum(size.values())
-
-
-def stamp() -> str:
-    return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
-
-
-def quantize(
-    model_dir: str | Path,
-    pairs: Sequence[tuple[str, str]],
-    target: float = 0.99,
-    calibration: int = 512,
-    threads: int | None = None,
-) -> Int8Plan:
-    """Calibrate on the first `calibration` pairs, select on the rest (held out from calibration), and
-    write the plan into `model_dir`. Needs OpenVINO: the agreement is measured on its int8 kernels, in the
-    float precision this machine runs natively for the layers that stay float."""
-    from model.checkpoint import load_module
-    from model.device import resolve_dtype
-    from model.openvino_inference import OpenVINOForward
-    from model.relevance import RelevanceModel, pad_batch
-
-    if len(pairs) < calibration + 100:
-        raise ValueError(f"need at least {calibration + 100} pairs ({calibration} to calibrate, 100+ to select)")
-    threads = threads or torch.get_num_threads()
-    ref = RelevanceModel.load(model_dir, dtype="float32")
-    precision = resolve_dtype("auto", torch.device("cpu"))
-    precision = precision if precision in ("float32", "bfloat16") else "float32"
-    fp32 = load_module(model_dir).eval()
-    enc = ref.encode(list(pairs[:calibration]))
-    order = sorted(range(len(enc)), key=enc.lengths.__getitem__)
-    batches = [
-        pad_batch([enc.input_ids[i] for i in c], [enc.token_type_ids[i] for i in c], ref.tokenizer.pad_id)
-        for c in (order[k : k + 32] for k in range(0, len(order), 32))
-    ]
-    candidates = calibrate(fp32, batches)
-    held = ref.encode(list(pairs[calibration:]))
-    want = ref.score(ref.encoded_logits(held)).level
-
-    def levels_with(linears: dict[str, LinearPlan]) -> Tensor:
-        ov = OpenVINOForward(apply(fp32, Int8Plan(linears)), precision, threads, ref.tokenizer.pad_id)
-        return ref.score(ov.logits(held.input_ids, held.token_type_ids)).level
-
-    chosen, measured = select(candidates, levels_with, want, target)
-    about = {
-        "made": stamp(),
-        "pairs": {"calibration": calibration, "selection": len(held)},
-        "target_agreement": target,
-        "float_precision": precision,
-        "linears": f"{len(chosen)} of {len(candidates)}",
-        "linear_flops_share": round(linear_flops_share(fp32, list(chosen)), 4),
-        **measured,
-    }
-    plan = Int8Plan(chosen, about)
-    plan.save(model_dir)
-    return plan

@@ -1,4 +1,5 @@
-"""An optional OpenVINO forward for `RelevanceModel`, and the probe that decides whether it serves.
+"""The OpenVINO engine: the checkpoint compiled by OpenVINO, the probe that decides whether it serves, and the
+choice (`inference` auto, torch or openvino) made once in a model process.
 
 On some CPUs OpenVINO's compiled BERT beats the torch path (oneDNN-packed linears, unpadded batches):
 issue 20 measured torch at 0.79x OpenVINO bf16 on a Zen 4 (docs/benchmarks.md). The torch path stays:
@@ -24,14 +25,18 @@ import time
 import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 from torch import Tensor, nn
 
-from model import int8
 from model.bert import BertForRelevance
-from model.int8 import Int8Plan
+from model.checkpoint import load_module
+from model.engines import int8
+from model.engines.base import Engine, EngineKind, Ids, TorchForward
+from model.engines.int8 import NO_VNNI, PLAN_FILE, Int8Plan, cpu_has_vnni
 from model.packing import pad_batch
+from model.tokenizer import PairTokenizer
 
 log = logging.getLogger("qtrel.model")
 
@@ -75,7 +80,7 @@ class OpenVINOForward:
     def __init__(
         self, module: BertForRelevance, precision: str, threads: int, pad_id: int = 0, plan: Int8Plan | None = None
     ):
-        """`plan`: the linears to run in static int8 (model.int8); the rest runs in `precision`."""
+        """`plan`: the linears to run in static int8 (model.engines.int8); the rest runs in `precision`."""
         import openvino as ov
 
         if precision not in PRECISION_HINTS:
@@ -168,18 +173,19 @@ class ProbeResult:
             f"(openvino {ratio:.2f}x torch; it serves from {MARGIN:g}x)"
         )
 
-    def figures(self) -> dict:
+    def figures(self) -> dict[str, float]:
         return {"torch_ms": round(self.torch_s * 1e3, 2), "openvino_ms": round(self.openvino_s * 1e3, 2)}
 
 
 Forward = Callable[[Sequence[Sequence[int]], Sequence[Sequence[int]]], Tensor]
+Batches = list[tuple[list[list[int]], list[list[int]]]]  # (token ids, segment ids) per batch
 
 
-def probe_batches(max_length: int, vocab: int, cls_id: int, sep_id: int, seed: int = 0) -> list[tuple[list, list]]:
+def probe_batches(max_length: int, vocab: int, cls_id: int, sep_id: int, seed: int = 0) -> Batches:
     """Two realistic service batches: 32 one-pair requests of 14-36 tokens (about scenario (a) of
     bench/load.py, ~30% padding), and 8 long pairs from 64 tokens up to `max_length`."""
     rng = random.Random(seed)
-    batches = []
+    batches: Batches = []
     for n, lo, hi in ((32, 14, 36), (8, 64, 128)):
         lo, hi = min(lo, max_length), min(hi, max_length)
         lengths = [rng.randint(lo, hi) for _ in range(n)]
@@ -189,7 +195,7 @@ def probe_batches(max_length: int, vocab: int, cls_id: int, sep_id: int, seed: i
     return batches
 
 
-def probe(torch_forward: Forward, openvino_forward: Forward, batches: list[tuple[list, list]], repeats: int = 3):
+def probe(torch_forward: Forward, openvino_forward: Forward, batches: Batches, repeats: int = 3) -> ProbeResult:
     """Time both forwards on `batches`, interleaved (the order alternates per repeat) after one untimed pass
     each (first-call allocations, kernel builds); the best of `repeats` per batch, summed."""
     engines = {"torch": torch_forward, "openvino": openvino_forward}
@@ -205,3 +211,103 @@ def probe(torch_forward: Forward, openvino_forward: Forward, batches: list[tuple
                 best[name][i] = min(best[name][i], time.perf_counter() - t0)
     shape = ", ".join(f"{len(ids)}x{min(map(len, ids))}-{max(map(len, ids))}" for ids, _ in batches)
     return ProbeResult(sum(best["torch"]), sum(best["openvino"]), f"{shape} tokens")
+
+
+# --- the engine and its choice ----------------------------------------------------------------
+class OpenVINOEngine:
+    """OpenVINO answers the batches it takes; the torch engine it wraps answers head masks, the batches OpenVINO
+    refuses, and any batch it fails on (logged once)."""
+
+    kind = EngineKind.OPENVINO
+    own_threads = True  # OpenVINO's pool: torch's forward workers would only compete with it
+
+    def __init__(self, forward: OpenVINOForward, fallback: TorchForward):
+        self.forward, self.torch = forward, fallback
+        self._failed = False  # logged once
+
+    def logits(
+        self, input_ids: Ids, token_type_ids: Ids, head_mask: Tensor | None = None, on_device: bool = False
+    ) -> Tensor:
+        if head_mask is None and self.forward.runs(input_ids, token_type_ids):
+            try:
+                return self.forward.logits(input_ids, token_type_ids)
+            except Exception as e:  # this batch on torch; the model process lives on
+                if not self._failed:
+                    self._failed = True
+                    log.warning(
+                        "OpenVINO failed on a batch, torch answered it (logged once): %s: %s", type(e).__name__, e
+                    )
+        return self.torch.logits(input_ids, token_type_ids, head_mask, on_device)
+
+    def warm_up(self, max_batch_tokens: int) -> None:
+        """Nothing: OpenVINO compiled its kernels at load, and only head masks run torch."""
+
+
+@dataclass(frozen=True)
+class Inference:
+    """What runs the forward pass, as `describe()` reports it."""
+
+    name: str = "torch"
+    reason: str = "RelevanceModel's default"
+    probe: dict[str, float] | None = None
+
+
+def choose(
+    engine: TorchForward, choice: str, source: Path | None, dtype: str, tokenizer: PairTokenizer, vocab: int
+) -> tuple[Engine, Inference]:
+    """The engine for `choice` ("torch", "openvino" or "auto", see `RelevanceModel.use_inference`) over the torch
+    `engine`, and why. `source`: the checkpoint directory to convert from; `vocab`: the ids the probe may use."""
+    if choice not in CHOICES:
+        raise ValueError(f"inference must be one of {list(CHOICES)}, got {choice!r}")
+    if choice == "torch":
+        return engine, Inference("torch", f"inference={choice}")
+    device = engine.device
+    why = missing()
+    if why is None and device.type != "cpu":
+        why = f"OpenVINO serves the cpu here, not {device}"
+    if why is None and source is None:
+        why = "no checkpoint directory to convert from"
+    if why is None and (kind := engine.module.cfg.model_type) != "bert":
+        why = f"its conversion serves BERT checkpoints, not {kind}"
+    plan = None
+    if why is None and dtype == "int8":
+        try:
+            assert source is not None
+            plan = Int8Plan.load(source)
+        except ValueError as e:
+            why = str(e)
+        if why is None and plan is None:
+            why = f"int8 on OpenVINO needs the checkpoint's {PLAN_FILE} (qtrel quantize): dynamic int8"
+    elif why is None and dtype not in PRECISION_HINTS:
+        why = f"OpenVINO takes float32, bfloat16 or a static int8 plan, not {dtype}"
+    forward = None
+    if why is None:
+        try:
+            assert source is not None
+            fp32 = load_module(source)  # the float32 weights: the torch engine's are cast and repacked
+            precision = dtype if plan is None else plan.about.get("float_precision", "float32")
+            forward = OpenVINOForward(fp32, precision, torch.get_num_threads(), tokenizer.pad_id, plan=plan)
+            del fp32
+        except Exception as e:  # conversion or compilation: torch serves
+            why = f"conversion failed: {type(e).__name__}: {(str(e).splitlines() or [''])[0][:200]}"
+    if why is not None or forward is None:
+        (log.warning if choice == "openvino" or dtype == "int8" else log.info)(
+            "inference=%s runs torch: %s", choice, why
+        )
+        return engine, Inference("torch", f"torch: {why}")
+    if plan is not None:  # no probe: torch's int8 is dynamic and moves the grade (docs/benchmarks.md)
+        reason = f"inference={choice}, int8: {len(plan.linears)} linears static int8 ({PLAN_FILE})"
+        if not cpu_has_vnni():
+            reason += f"; {NO_VNNI}"
+            log.warning("dtype=int8: %s", NO_VNNI)
+        return OpenVINOEngine(forward, engine), Inference("openvino", reason)
+    if choice == "openvino":
+        return OpenVINOEngine(forward, engine), Inference("openvino", "inference=openvino")
+    batches = probe_batches(tokenizer.max_length, vocab, tokenizer.cls_id, tokenizer.sep_id)
+    with torch.inference_mode():
+        result = probe(engine.logits, forward.logits, batches)
+    log.info("inference=auto chose %s: %s", result.winner, result.summary())
+    inference = Inference(result.winner, f"auto: {result.summary()}", result.figures())
+    if result.winner == "torch":
+        return engine, inference  # OpenVINO not kept: its weights are a second copy
+    return OpenVINOEngine(forward, engine), inference

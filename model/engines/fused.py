@@ -1,5 +1,5 @@
-"""The packed forward's attention in one call per layer (`model/_attention.c`, through ctypes), and its residual
-add with LayerNorm in one pass (`add_layer_norm`).
+"""The fused C kernels (`model/engines/_kernels.c`, through ctypes): the packed forward's attention in one call
+per layer, and its residual add with LayerNorm in one pass (`add_layer_norm`).
 
 Why: torch's CPU attention kernels want padded (b, heads, t, d) blocks, so the packed forward gathered each
 group of similar-length pairs into one, attended, and scattered it back, a handful of ops per group and
@@ -45,7 +45,7 @@ _HERE = Path(__file__).parent
 def _library() -> tuple[ctypes.CDLL | None, str]:
     """(the library, "") or (None, why not)."""
     for suffix in importlib.machinery.EXTENSION_SUFFIXES:
-        path = _HERE / f"_attention{suffix}"
+        path = _HERE / f"_kernels{suffix}"
         if path.exists():
             break
     else:
@@ -257,9 +257,9 @@ def add_layer_norm(x: Tensor, r: Tensor, norm: torch.nn.LayerNorm, out: Tensor, 
 
 
 def add_norm(norm: torch.nn.LayerNorm, x: Tensor, r: Tensor, fused: bool) -> Tensor:
-    """norm(x + r), the packed forward's post-norm step: where `fused` (model.kernels.use_fused_norms) in one pass,
-    written over `r`, a sublayer's output that nothing else holds; torch's ops under autograd, which cannot
-    follow the kernel."""
+    """norm(x + r), the packed forward's post-norm step: where `fused` (model.engines.kernels.use_fused_norms) in
+    one pass, written over `r`, a sublayer's output that nothing else holds; torch's ops under autograd, which
+    cannot follow the kernel."""
     if fused and not torch.is_grad_enabled():
         return add_layer_norm(x, r, norm, out=r)
     return norm(x + r)
