@@ -10,7 +10,7 @@ rounds (the order alternating), each a fresh server. Per run: requests/s and lat
 of wrk itself. The 16-core estimate is min((16 - 1) / front CPU per request, 1 / core CPU per request):
 one core left to the core process, every other running a front, and the one core's own ceiling.
 
-    python bench/fronts.py --quick                  # one short round of 1 and 2 fronts (< 60 s)
+    python bench/fronts.py --quick                  # one short round of 1 and 2 fronts (< 60 s); needs wrk
     python bench/fronts.py --rounds 3 --seconds 10  # 1, 2 (reuseport) and 2 (shared socket), 3 rounds
 """
 
@@ -99,6 +99,17 @@ def processes(root: int) -> dict[str, list[int]]:
     return roles
 
 
+def pss_mb(pid: int) -> float:
+    """Proportional set size (shared pages split among their users), MiB; 0 once gone."""
+    try:
+        for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
+            if line.startswith("Pss:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return 0.0
+
+
 def wait_ready(url: str, proc: subprocess.Popen, timeout: float = 180) -> None:
     end = time.monotonic() + timeout
     while time.monotonic() < end:
@@ -115,7 +126,7 @@ def wait_ready(url: str, proc: subprocess.Popen, timeout: float = 180) -> None:
 
 
 def run_wrk(url: str, lua: Path, seconds: float, connections: int) -> dict:
-    cmd = ["wrk", "-t1", f"-c{connections}", f"-d{seconds:.0f}s", "--latency", "-s", str(lua), url]
+    cmd = ["wrk", "-t1", f"-c{connections}", f"-d{seconds:.0f}s", "--timeout", "30s", "--latency", "-s", str(lua), url]
     p = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
     out = p.stdout.read() if p.stdout else ""
     _, _, usage = os.wait4(p.pid, 0)
@@ -133,7 +144,9 @@ def run_wrk(url: str, lua: Path, seconds: float, connections: int) -> dict:
     }
 
 
-def one_run(model: Path, workers: int, sock: str, port: int, seconds: float, lua: Path, log: Path) -> dict:
+def one_run(
+    model: Path, workers: int, sock: str, port: int, seconds: float, lua: Path, log: Path, connections: int = 64
+) -> dict:
     env = {**os.environ, "QTREL_CACHE_MB": "0", "QTREL_LOG_LEVEL": "warning", "PYTHONPATH": str(ROOT)}
     cmd = [sys.executable, "-m", "service.cli", "serve", "--model", str(model), "--host", "127.0.0.1"]
     cmd += ["--port", str(port), "--http-workers", str(workers), "--http-socket", sock]
@@ -144,12 +157,15 @@ def one_run(model: Path, workers: int, sock: str, port: int, seconds: float, lua
     url = f"http://127.0.0.1:{port}"
     try:
         wait_ready(url, proc)
-        run_wrk(url, lua, 2, 64)  # warm: connections, caches, the allocator
         roles = processes(proc.pid)
+        idle = {role: sum(pss_mb(p) for p in pids) for role, pids in roles.items()}
+        run_wrk(url, lua, 2, connections)  # warm: connections, caches, the allocator
         before = {pid: stat(pid)[1] for pids in roles.values() for pid in pids}
-        r = run_wrk(url, lua, seconds, 64)
+        r = run_wrk(url, lua, seconds, connections)
         spent = {pid: stat(pid)[1] - t for pid, t in before.items()}
         n = r["requests"]
+        if n == 0:
+            raise RuntimeError("no request finished in the window: fewer --connections, or more --seconds")
         fronts = [spent[p] / n * 1e6 for p in roles["fronts"]]
         r |= {
             "workers": workers,
@@ -158,6 +174,7 @@ def one_run(model: Path, workers: int, sock: str, port: int, seconds: float, lua
             "fronts_us": fronts,
             "model_us": sum(spent[p] for p in roles["model"]) / n * 1e6,
             "wrk_us": r["wrk_cpu_s"] / n * 1e6,
+            "idle_pss_mb": idle,
         }
         return r
     finally:
@@ -177,6 +194,7 @@ def summarise(runs: list[dict], cores: int = 16) -> dict:
             "fronts_us": front,
             "model_us": statistics.median(r["model_us"] for r in rs),
             "wrk_us": statistics.median(r["wrk_us"] for r in rs),
+            "idle_pss_mb": statistics.median(sum(r["idle_pss_mb"].values()) for r in rs),
             "front_balance": statistics.median(max(r["fronts_us"]) / max(1e-9, min(r["fronts_us"])) for r in rs)
             if key[0] > 1
             else None,
@@ -196,20 +214,21 @@ def main() -> int:
     ap.add_argument("--port", type=int, default=18150)
     ap.add_argument("--no-shared", action="store_true", help="leave out the shared-socket runs")
     ap.add_argument("--model", type=Path, help="serve this checkpoint (builtin: model/default) instead of a tiny one")
+    ap.add_argument("--connections", type=int, default=64, help="wrk's keep-alive connections (clients)")
     ap.add_argument("--titles", type=int, default=1, help="distinct titles a request (default 1: one pair)")
     ap.add_argument("--out", type=Path, default=None, help="write the raw runs and summary as JSON here")
     a = ap.parse_args()
     rounds, seconds = (1, 4.0) if a.quick else (a.rounds, a.seconds)
     layouts = [(1, "reuseport"), (2, "reuseport")] + ([] if a.quick or a.no_shared else [(2, "shared")])
     work = Path(tempfile.mkdtemp(prefix="qtrel-fronts-bench-"))
-    model = a.model or tiny_checkpoint(Path(tempfile.gettempdir()) / "qtrel-fronts-tiny-bert")
+    model = a.model.resolve() if a.model else tiny_checkpoint(Path(tempfile.gettempdir()) / "qtrel-fronts-tiny-bert")
     lua = work / "distinct.lua"
     lua.write_text(LUA.replace("TITLES", str(a.titles)))
     runs = []
     for i in range(rounds):
         order = layouts if i % 2 == 0 else layouts[::-1]
         for w, sock in order:
-            r = one_run(model, w, sock, a.port, seconds, lua, work / "server.log") | {"round": i}
+            r = one_run(model, w, sock, a.port, seconds, lua, work / "server.log", a.connections) | {"round": i}
             print(json.dumps({k: v for k, v in r.items() if k != "wrk_cpu_s"}), flush=True)
             runs.append(r)
     summary = summarise(runs)
