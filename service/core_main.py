@@ -7,7 +7,6 @@ A model that cannot be loaded at start ends the server with exit code 1 and a on
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import shutil
 import signal
@@ -28,12 +27,16 @@ log = logging.getLogger("qtrel.core")
 async def run_core(settings: Settings, count: int, why: str) -> str | None:
     """Serve until SIGTERM (None) or until a model cannot be loaded (why)."""
     loop = asyncio.get_running_loop()
+    folder = tempfile.mkdtemp(prefix="qtrel-core-")
+    core_path = f"{folder}/core.sock"
+    try:
+        fronts = Fronts(settings, count, core_path, why)  # the port, first: a port in use ends the start here
+    except OSError as e:
+        shutil.rmtree(folder, ignore_errors=True)
+        return f"cannot listen on {settings.host}:{settings.port}: {e}"
     tracing = tracing_from_env()
     metrics = Metrics()
     engine = Engine(settings, Models(settings, metrics, tracing), metrics, tracing=tracing)
-    folder = tempfile.mkdtemp(prefix="qtrel-core-")
-    core_path = f"{folder}/core.sock"
-    fronts = Fronts(settings, count, core_path, why)
     core = CoreServer(engine, core_path, health=fronts.health)
     core.describe_fronts = fronts.describe
     await core.start()
@@ -51,6 +54,13 @@ async def run_core(settings: Settings, count: int, why: str) -> str | None:
         fronts.signal(signal.SIGHUP)  # each front re-reads its key files
 
     loop.add_signal_handler(signal.SIGHUP, hangup)
+
+    async def supervise() -> None:  # replace fronts that die, from the start (also while models load)
+        while True:
+            fronts.check()
+            await asyncio.sleep(STATE_EVERY_S)
+
+    supervising = asyncio.ensure_future(supervise())
     starting = asyncio.ensure_future(engine.start())
     stopping = asyncio.ensure_future(stop.wait())
     fatal: str | None = None
@@ -59,10 +69,8 @@ async def run_core(settings: Settings, count: int, why: str) -> str | None:
         if starting.done() and (fatal := starting.result()) is not None:
             log.critical(fatal)
         else:
-            while not stop.is_set():  # replace fronts that die, until SIGTERM
-                fronts.check()
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(asyncio.shield(stopping), STATE_EVERY_S)
+            await stopping  # serve until SIGTERM
+        supervising.cancel()
         engine.begin_drain()
         core.push()  # the fronts' readiness goes off before they are told to stop
         clean = await asyncio.to_thread(fronts.stop, 0.0 if fatal else settings.drain_timeout_s)
@@ -72,6 +80,7 @@ async def run_core(settings: Settings, count: int, why: str) -> str | None:
         if running:  # a SIGHUP's reload under way: its new model processes must not outlive the server
             await asyncio.wait(running, timeout=settings.drain_timeout_s)
     finally:
+        supervising.cancel()
         starting.cancel()
         stopping.cancel()
         await core.stop()

@@ -4,12 +4,12 @@ share, starting them, replacing one that dies, the crash-loop rule, and ending t
 Each front (service.front) is a new interpreter: it reads its settings from a pipe (the API keys are
 never in its environment), connects to the core's Unix socket and serves HTTP on the shared port.
 
-The port: `shared` (the default) is one listening socket the core opens and every front inherits; the
-kernel hands each new connection to whichever front accepts first, so an idle front takes more, and a
-front that dies leaves its waiting connections to the others. `reuseport` gives each front its own socket
-on the port (SO_REUSEPORT): the kernel spreads connections by a hash of their addresses, evenly whatever
-the fronts' load; a front that dies drops the connections waiting on its socket. docs/fronts-bench.md
-compares the two.
+The port: `reuseport` (the default) gives each front its own socket on the port (SO_REUSEPORT): the
+kernel spreads connections by a hash of their addresses, evenly; a front that dies drops the connections
+waiting on its socket. `shared` is one listening socket the core opens and every front inherits; the
+kernel hands each new connection to whichever front accepts first, so one front may take most of a burst
+of new connections, and a front that dies leaves its waiting connections to the others. Measured with 64
+keep-alive clients: the fronts' CPU 1.05:1 with reuseport, 2:1 shared (docs/fronts-bench.md).
 """
 
 from __future__ import annotations

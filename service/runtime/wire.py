@@ -2,9 +2,9 @@
 `(op, id, *args)` of plain values (str, int, float, bool, None, bytes, lists, tuples, dicts).
 
 marshal was measured against msgpack and JSON on a one-pair request and its reply: encoding and decoding
-both takes 6.0 us of CPU with marshal, 6.2 with msgpack, 19 with JSON (Zen 4, docs/fronts-bench.md). Both ends are this same
-program, so marshal's version coupling costs nothing. A `Channel` is an asyncio protocol: it parses frames
-as bytes arrive (no stream-reader round trips) and hands each to its owner's `on_frame`.
+both takes 6.0 us of CPU with marshal, 6.2 with msgpack, 19 with JSON (Zen 4, docs/fronts-bench.md). Both
+ends are this same program, so marshal's version coupling costs nothing. A `Channel` is an asyncio protocol:
+it parses frames as bytes arrive (no stream-reader round trips) and hands each to its owner's `on_frame`.
 
 Errors cross as `(class name, message, attributes)` and are rebuilt as the same runtime class, so the one
 error map (service.http.errors) sees in a front exactly what it would see in one process.
@@ -39,6 +39,7 @@ class Channel(asyncio.Protocol):
         self.on_close = on_close
         self.transport: asyncio.Transport | None = None
         self._buf = bytearray()
+        self._out: list[bytes] = []  # frames sent in this turn of the event loop: one write for them all
         self.closed = asyncio.Event()
 
     def connection_made(self, transport) -> None:
@@ -72,8 +73,16 @@ class Channel(asyncio.Protocol):
         self.on_close()
 
     def send(self, frame: tuple) -> None:
+        """Queue a frame; the frames of one turn of the event loop go out in one write (one system call
+        for the replies to a whole batch)."""
+        if not self._out:
+            asyncio.get_running_loop().call_soon(self._flush)
+        self._out.append(pack(frame))
+
+    def _flush(self) -> None:
+        out, self._out = self._out, []
         if self.transport is not None and not self.transport.is_closing():
-            self.transport.write(pack(frame))
+            self.transport.write(b"".join(out))
 
     def close(self) -> None:
         if self.transport is not None:

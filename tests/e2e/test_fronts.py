@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -117,8 +118,9 @@ def test_the_cache_and_metrics_are_one_across_fronts(server):
     assert server.metric("qtrel_cache_hits_total") - hits0 == 24  # not 24 - 1 per front
     assert server.metric('qtrel_requests_total{route="/score",status="200"}') - scored0 == 25
     text = server.get("/metrics").text
-    assert 'qtrel_request_duration_seconds_count{route="/score"}' in text
-    assert "qtrel_shadow_pairs_total" in text and "qtrel_queue_depth" in text
+    assert 'qtrel_request_duration_seconds_count{route="/score"}' in text and "qtrel_queue_depth" in text
+    shadowed = [float(x.split()[-1]) for x in text.splitlines() if x.startswith("qtrel_shadow_pairs_total{")]
+    assert sum(shadowed) > 0  # the core hands the default model's pairs to the shadow (rate 1)
     assert server.metric('qtrel_pairs_total{model="a"}') >= 25
 
 
@@ -253,3 +255,15 @@ def test_a_front_crash_loop_fails_liveness_and_the_core_s_death_ends_the_fronts(
             proc.kill()
         for pid in descendants(proc.pid):
             os.kill(pid, signal.SIGKILL)
+
+
+def test_a_checkpoint_that_cannot_load_ends_the_core_and_its_fronts_with_the_reason(tiny_checkpoint, tmp_path):
+    model = tmp_path / "truncated"
+    shutil.copytree(tiny_checkpoint, model)
+    weights = model / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+    proc = serve(["--model", str(model)], free_port(), subprocess.PIPE)
+    out, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 1, out
+    last = out.decode().strip().splitlines()[-1]
+    assert last.startswith("qtrel serve: model failed to load") and "cannot read weights" in last, last
