@@ -179,6 +179,7 @@ SERVER_SERIES = (
     "qtrel_queue_seconds_",
     "qtrel_dropped_pairs_total",
     "qtrel_rejected_total",
+    "qtrel_admission_refused_total",
     "qtrel_pairs_total",
 )
 
@@ -203,6 +204,7 @@ async def slow(a) -> dict:
     try:
         srv.wait_ready()
         rng = random.Random(2)
+        refusals: list[str] = []  # the first answers other than 200 an ordinary client got
 
         async def ordinary(s: aiohttp.ClientSession, seconds: float) -> tuple[list[float], dict]:
             lat, st = [], {}
@@ -210,8 +212,10 @@ async def slow(a) -> dict:
             while time.monotonic() < end:
                 t0 = time.perf_counter()
                 async with s.post(srv.url + "/score", json={"query": title(rng), "titles": [title(rng)]}) as r:
-                    await r.read()
+                    body = await r.read()
                 st[r.status] = st.get(r.status, 0) + 1
+                if r.status != 200 and len(refusals) < 5:
+                    refusals.append(body.decode()[:200])
                 lat.append(time.perf_counter() - t0)
             return lat, st
 
@@ -263,6 +267,7 @@ async def slow(a) -> dict:
             "target_p99_ms": max(2 * quiet_p99, 250.0),
             "ordinary_requests_during": len(dur_lat),
             "ordinary_statuses_during": statuses,
+            "ordinary_refusals": refusals,
             "dropped_pairs_disconnected": srv.metric("qtrel_dropped_pairs_total"),
             "rejected_disconnected": srv.metric("qtrel_rejected_total"),
             "queue_depth_after": srv.metric("qtrel_queue_depth"),

@@ -124,10 +124,12 @@ class Batcher:
             return self._items[HIGH] + self._flying[LOW], self._tokens[HIGH] + self._flying_tokens[LOW]
         return sum(self._items), sum(self._tokens)
 
-    def _wait_ahead(self, tokens: int, priority: int, last: float) -> int:
-        """`tokens` ahead less the queued ones of the same class due after `last`, the tag a new request
-        would get: the work that would be served before it."""
-        return tokens - sum(it.length for it in self._pending if it.priority == priority and it.rank > last)
+    def _wait_ahead(self, priority: int, last: float) -> int:
+        """Tokens queued ahead of a new request of this class whose tag would be `last`: the higher class's,
+        and its own class's due before it. A batch on a model process is not queued: it holds a process for
+        about max_batch_ms at most, as long as every batch does."""
+        ahead = sum(self._tokens[c] - self._flying_tokens[c] for c in range(priority + 1))
+        return ahead - sum(it.length for it in self._pending if it.priority == priority and it.rank > last)
 
     def refusal(self, items: int = 1, tokens: int = 0, priority: int = HIGH) -> Overloaded | None:
         """Why `items` more of this class (and `tokens`, if known) could not be admitted now; None if they can."""
@@ -146,7 +148,7 @@ class Batcher:
         if self.pace is None or limit <= 0 or (wait := self.pace.seconds(t)) is None or wait <= limit:
             return None
         mine = tokens or items * max(1, t // max(1, n))  # before tokenisation: the queue's mean length a pair
-        t = self._wait_ahead(t, priority, due(self._clock, mine))
+        t = self._wait_ahead(priority, due(self._clock, mine))
         wait = self.pace.seconds(t) or 0.0
         if wait <= limit:
             return None
