@@ -32,9 +32,12 @@ def slow_server(tmp_path_factory):
         num_attention_heads=4,
         intermediate_size=1024,
     )
-    with live_server(
-        ckpt, replicas=1, threads=1, cache_mb=0, max_batch_ms=50, max_queue_wait_ms=400, warmup=False
-    ) as srv:
+    options = dict(replicas=1, threads=1, cache_mb=0, max_batch_ms=50, max_queue_wait_ms=400, warmup=False)
+    with live_server(ckpt, wait_ready=False, **options) as srv:
+        deadline = time.monotonic() + 180  # a shared 2-vCPU host can take longer than live_server's minute
+        while httpx.get(srv.url + "/health/ready", timeout=10).status_code != 200:
+            assert time.monotonic() < deadline, "the server did not become ready"
+            time.sleep(0.1)
         # The pace is measured on saturated batches: 600 short pairs are 5 batches of 128 with work waiting.
         r = httpx.post(
             srv.url + "/score", json={"query": "drill", "titles": [f"drill {i}" for i in range(600)]}, timeout=120
@@ -52,9 +55,16 @@ def test_an_abandoned_big_request_stops_occupying_the_model_process(slow_server)
             r = await c.post(url, json={"query": "drill", "titles": long_titles(64, "alone")})  # max_batch_tokens
             big = time.perf_counter() - t0
             assert r.status_code == 200, r.text
-            async with httpx.AsyncClient(timeout=0.15) as gone:  # 400 such pairs, and the client hangs up
-                with contextlib.suppress(httpx.TimeoutException):
-                    await gone.post(url, json={"query": "drill", "titles": long_titles(400, "gone")})
+            async with httpx.AsyncClient(timeout=60) as gone:  # 400 such pairs, and the client hangs up ...
+                body = {"query": "drill", "titles": long_titles(400, "gone")}
+                task = asyncio.create_task(gone.post(url, json=body))
+                deadline = time.monotonic() + 60
+                while not await asyncio.to_thread(slow_server.metric, "qtrel_queue_depth"):  # ... once they queue
+                    assert time.monotonic() < deadline and not task.done(), "the big request never queued"
+                    await asyncio.sleep(0.02)
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
             t0 = time.perf_counter()
             r = await c.post(url, json={"query": "drill", "titles": ["cordless drill"]})
             assert r.status_code == 200, r.text
