@@ -80,7 +80,7 @@ class Server:
 
     def metric(self, name: str) -> float:
         total = 0.0
-        for line in httpx.get(self.url + "/metrics", timeout=5).text.splitlines():
+        for line in httpx.get(self.url + "/metrics", timeout=60).text.splitlines():
             if line.startswith(name + " ") or line.startswith(name + "{"):
                 total += float(line.rsplit(" ", 1)[1])
         return total

@@ -187,7 +187,7 @@ SERVER_SERIES = (
 def scrape(srv: Server) -> dict[str, float]:
     """The server's own counters (histogram sums and counts, no buckets) that explain where model time went."""
     out: dict[str, float] = {}
-    for line in httpx.get(srv.url + "/metrics", timeout=5).text.splitlines():
+    for line in httpx.get(srv.url + "/metrics", timeout=60).text.splitlines():  # a loaded host answers late
         if line.startswith("#") or "_bucket{" in line or not line.startswith(SERVER_SERIES):
             continue
         name, val = line.rsplit(" ", 1)

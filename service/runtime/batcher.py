@@ -2,7 +2,7 @@
 
 It knows nothing of HTTP or BERT: it batches items that have a token length. Batches are formed under
 a padded-token budget (longest x count), a size cap and a short wait for the batch to fill; the items
-of a window are sorted by length so that padding stays small, and the batch that holds the oldest item
+of a window are sorted by length so that padding stays small, and the batch that holds the item due first
 goes first. The order is fair between requests (`batching.due`: a request is due once the queue has served
 as much work as it brings): a one-pair request goes into the next batch however much a big request that came
 a moment before it has queued, equal requests go in arrival order, and nothing starves. Work whose
