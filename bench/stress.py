@@ -184,6 +184,7 @@ SERVER_SERIES = (
     "qtrel_queue_seconds_",
     "qtrel_dropped_pairs_total",
     "qtrel_rejected_total",
+    "qtrel_admission_refused_total",
     "qtrel_pairs_total",
 )
 
@@ -191,7 +192,7 @@ SERVER_SERIES = (
 def scrape(srv: Server) -> dict[str, float]:
     """The server's own counters (histogram sums and counts, no buckets) that explain where model time went."""
     out: dict[str, float] = {}
-    for line in httpx.get(srv.url + "/metrics", timeout=5).text.splitlines():
+    for line in httpx.get(srv.url + "/metrics", timeout=60).text.splitlines():  # a loaded host answers late
         if line.startswith("#") or "_bucket{" in line or not line.startswith(SERVER_SERIES):
             continue
         name, val = line.rsplit(" ", 1)
@@ -208,6 +209,7 @@ async def slow(a) -> dict:
     try:
         srv.wait_ready()
         rng = random.Random(2)
+        refusals: list[str] = []  # the first answers other than 200 an ordinary client got
 
         async def ordinary(s: aiohttp.ClientSession, seconds: float) -> tuple[list[float], dict]:
             lat: list[float] = []
@@ -216,8 +218,10 @@ async def slow(a) -> dict:
             while time.monotonic() < end:
                 t0 = time.perf_counter()
                 async with s.post(srv.url + "/score", json={"query": title(rng), "titles": [title(rng)]}) as r:
-                    await r.read()
+                    body = await r.read()
                 st[r.status] = st.get(r.status, 0) + 1
+                if r.status != 200 and len(refusals) < 5:
+                    refusals.append(body.decode()[:200])
                 lat.append(time.perf_counter() - t0)
             return lat, st
 
@@ -269,6 +273,7 @@ async def slow(a) -> dict:
             "target_p99_ms": max(2 * quiet_p99, 250.0),
             "ordinary_requests_during": len(dur_lat),
             "ordinary_statuses_during": statuses,
+            "ordinary_refusals": refusals,
             "dropped_pairs_disconnected": srv.metric("qtrel_dropped_pairs_total"),
             "rejected_disconnected": srv.metric("qtrel_rejected_total"),
             "queue_depth_after": srv.metric("qtrel_queue_depth"),

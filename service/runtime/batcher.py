@@ -2,12 +2,11 @@
 
 It knows nothing of HTTP or BERT: it batches items that have a token length. Batches are formed under
 a padded-token budget (longest x count), a size cap and a short wait for the batch to fill; the items
-of a window are sorted by length so that padding stays small, and the batch that holds the oldest item
-goes first, so nothing starves. Small requests go first: an item counts as having arrived later by
-SMALL_FIRST_S per pair of the request it came with (at most SMALL_FIRST_MAX_S later), so a one-pair
-request does not queue behind a 200-pair one that arrived a moment before it (and, if that one's client
-hangs up, its pairs are dropped before they take the model). Work whose caller has gone (cancelled
-future) or whose deadline has passed is dropped before it reaches the device.
+of a window are sorted by length so that padding stays small, and the batch that holds the item due first
+goes first. The order is fair between requests (`batching.due`: a request is due once the queue has served
+as much work as it brings): a one-pair request goes into the next batch however much a big request that came
+a moment before it has queued, equal requests go in arrival order, and nothing starves. Work whose
+caller has gone (cancelled future) or whose deadline has passed is dropped before it reaches the device.
 
 Two priority classes: "high" (interactive, the default) always goes first; "low" (score jobs, or a
 request that says so) forms batches only when no high work is queued, so that it fills the model processes
@@ -34,7 +33,6 @@ from service.runtime.batching import (
     HIGH,
     LOW,
     PRIORITIES,
-    SMALL_FIRST_MAX_S,
     BatchObserver,
     BatchTracer,
     Closed,
@@ -43,11 +41,11 @@ from service.runtime.batching import (
     Meter,
     NoObserver,
     Overloaded,
+    due,
     order,
     padded_tokens,
     plan_batch,
     priority_of,
-    rank_of,
 )
 
 # the queue's vocabulary (service.runtime.batching), re-exported: its users import it from here
@@ -99,6 +97,7 @@ class Batcher:
         # Per class (PRIORITIES): admitted and not yet resolved (queued + on the device), and on the device.
         self._items, self._tokens = [0, 0], [0, 0]
         self._flying, self._flying_tokens = [0, 0], [0, 0]
+        self._clock = 0  # tokens dispatched so far: the fair order's clock (batching.due)
         self._closed = False
         self._task: asyncio.Task | None = None
         self._idle = asyncio.Event()
@@ -125,18 +124,21 @@ class Batcher:
             return self._items[HIGH] + self._flying[LOW], self._tokens[HIGH] + self._flying_tokens[LOW]
         return sum(self._items), sum(self._tokens)
 
-    def _wait_ahead(self, tokens: int, priority: int, rank: float) -> int:
-        """`tokens` ahead less the queued ones of the same class that rank after `rank` (bigger requests
-        that came a moment earlier): only the newest SMALL_FIRST_MAX_S of arrivals can, so only they are read."""
-        for it in reversed(self._pending):  # arrival order
-            if it.enqueued + SMALL_FIRST_MAX_S <= rank:
-                break
-            if it.priority == priority and it.rank > rank:
-                tokens -= it.length
-        return tokens
+    def _wait_ahead(self, priority: int, last: float) -> int:
+        """Tokens queued ahead of a new request of this class whose tag would be `last`: the higher class's,
+        and its own class's due before it. A batch on a model process is not queued: it holds a process for
+        about max_batch_ms at most, as long as every batch does."""
+        ahead = sum(self._tokens[c] - self._flying_tokens[c] for c in range(priority + 1))
+        return ahead - sum(it.length for it in self._pending if it.priority == priority and it.rank > last)
 
     def refusal(self, items: int = 1, tokens: int = 0, priority: int = HIGH) -> Overloaded | None:
         """Why `items` more of this class (and `tokens`, if known) could not be admitted now; None if they can."""
+        if self._refusal(items, tokens, priority) is None:
+            return None
+        self._prune()  # work whose client has gone, queued until the next batch is formed, is ahead of no one
+        return self._refusal(items, tokens, priority)
+
+    def _refusal(self, items: int, tokens: int, priority: int) -> Overloaded | None:
         n, t = self._ahead(priority)
         if n + items > self.max_queue_items:
             return Overloaded("pairs", self.retry_after())
@@ -145,7 +147,8 @@ class Batcher:
         limit = self.max_queue_wait_s
         if self.pace is None or limit <= 0 or (wait := self.pace.seconds(t)) is None or wait <= limit:
             return None
-        t = self._wait_ahead(t, priority, rank_of(time.monotonic(), items))
+        mine = tokens or items * max(1, t // max(1, n))  # before tokenisation: the queue's mean length a pair
+        t = self._wait_ahead(priority, due(self._clock, mine))
         wait = self.pace.seconds(t) or 0.0
         if wait <= limit:
             return None
@@ -201,7 +204,7 @@ class Batcher:
         loop = asyncio.get_running_loop()
         futures = []
         now = time.monotonic()
-        rank = rank_of(now, len(work))
+        rank = due(self._clock, sum(n for n, _ in work))
         for length, payload in work:
             fut = loop.create_future()
             it = Item(length, payload, fut, deadline, now, trace, tag, rank, priority)
@@ -316,6 +319,7 @@ class Batcher:
             chosen = set(map(id, batch))
             self._pending = deque(it for it in self._pending if id(it) not in chosen)
             now = time.monotonic()
+            self._clock += sum(it.length for it in batch)
             self._flying[batch[0].priority] += len(batch)
             self._flying_tokens[batch[0].priority] += sum(it.length for it in batch)
             self._obs.dispatched([now - it.enqueued for it in batch], [it.length for it in batch])

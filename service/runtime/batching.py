@@ -10,8 +10,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-SMALL_FIRST_S = 0.002  # seconds of precedence lost per pair of the submitting request
-SMALL_FIRST_MAX_S = 0.4  # the most a big request's items are held back: nothing starves
 PRIORITIES = ("high", "low")  # the classes, first served first; an item's `priority` is its index here
 HIGH, LOW = 0, 1
 
@@ -101,7 +99,7 @@ class Item:
     enqueued: float = field(default_factory=time.monotonic)
     trace: Any = None  # the submitter's trace context, for the BatchTracer only
     tag: str | None = None  # the submitter's name for its work (a request id), for logs only
-    rank: float = 0.0  # the order batches are formed in: arrival, later for items of bigger requests
+    rank: float = 0.0  # the order batches are formed in: its request's tag (`due`), then arrival
     priority: int = HIGH  # index in PRIORITIES: a lower class waits for the higher one
 
 
@@ -109,9 +107,13 @@ def order(it: Item) -> tuple[int, float]:
     return it.priority, it.rank
 
 
-def rank_of(now: float, pairs: int) -> float:
-    """Where a request of `pairs` arriving `now` ranks: later by SMALL_FIRST_S a pair, at most SMALL_FIRST_MAX_S."""
-    return now + min(SMALL_FIRST_MAX_S, SMALL_FIRST_S * pairs)
+def due(clock: float, tokens: int) -> float:
+    """The tag every item of a request of `tokens` gets when it arrives at the queue's work `clock` (the tokens
+    dispatched so far): the request is due once the queue has served as much work as it brings. A one-pair
+    request goes before a big one that came a moment earlier, equal requests are served in arrival order, and
+    a big request waits behind small ones at most as long as its own work: nothing starves (fair queueing
+    with each request one flow, weighed in tokens)."""
+    return clock + tokens
 
 
 def padded_tokens(lengths: Sequence[int]) -> int:
@@ -119,9 +121,8 @@ def padded_tokens(lengths: Sequence[int]) -> int:
 
 
 def plan_batch(window: Sequence[Item], max_tokens: int, max_size: int) -> list[Item]:
-    """From a window in rank order (arrival, small requests first), the length-sorted run of items that
-    holds the first one and
-    fits `max_tokens` padded tokens and `max_size` items."""
+    """From a window in rank order (fair-queueing tags), the length-sorted run of items that holds the first
+    one and fits `max_tokens` padded tokens and `max_size` items."""
     oldest = window[0]
     ordered = sorted(window, key=lambda it: it.length)
     batches: list[list[Item]] = [[]]

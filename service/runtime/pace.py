@@ -15,6 +15,11 @@ import time
 
 DECAY = 0.95  # per finished batch: the rate is about the last 20 batches'
 MIN_SAMPLES = 3  # intervals measured before the rate is trusted
+# A batch bounded in time still holds at least this share of max_batch_tokens (512 of 8192). Below it a forward's
+# fixed cost (the pipe, Python, the kernels' start) dominates; batches that small lower the measured rate, which
+# shrinks them further: on a 2-vCPU Zen 4 under a load average of 10, batches fell to one pair and the served
+# rate to 0.56x (docs/batcher-bench.md).
+MIN_BATCH_SHARE = 1 / 16
 
 
 class Pace:
@@ -63,11 +68,13 @@ class Pace:
         return float(max(1, math.ceil(tokens / rate - limit_s)))
 
     def batch_tokens(self, seconds: float, most: int) -> int:
-        """Padded tokens one process forwards in about `seconds` (at most `most`; `most` while unknown)."""
+        """Padded tokens one process forwards in about `seconds`, between MIN_BATCH_SHARE of `most` and `most`
+        (`most` while the rate is unknown)."""
         rate = self.rate
         if rate <= 0 or seconds <= 0:
             return most
-        return max(1, min(most, int(rate / self.concurrency * seconds)))
+        least = max(1, int(most * MIN_BATCH_SHARE))
+        return max(least, min(most, int(rate / self.concurrency * seconds)))
 
     def describe(self) -> dict:
         return {"tokens_per_s": round(self.rate, 1), "samples": self._samples}
