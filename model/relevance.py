@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor, nn
 
+from model.batches import bulk_batches
 from model.bert import BertForRelevance
 from model.checkpoint import CheckpointError, load_module, save_checkpoint
 from model.config import BertConfig
@@ -24,7 +25,7 @@ from model.int8 import NO_VNNI, PLAN_FILE, Int8Plan, cpu_has_vnni
 from model.kernels import attention_path, choose_attention, install_cpu_kernels, set_attention, warm_linear_shapes
 from model.levels import DEFAULT_LEVELS, MAX_BATCH_TOKENS
 from model.packing import length_batches, pad_batch, token_slices
-from model.parallel import ForwardWorkers, batch_budget, run_batches, workers_for
+from model.parallel import ForwardWorkers, run_batches, workers_for
 from model.scoring import LevelRule, ScoredBatch, level_values, merge_classes, score_logits
 from model.tokenizer import EncodedPairs, PairTokenizer, Truncation
 
@@ -341,11 +342,8 @@ class RelevanceModel:
         return out
 
     def batches_of(self, lengths: Sequence[int], max_batch_tokens: int) -> list[list[int]]:
-        """The length-sorted batches `encoded_logits` forwards: on cpu, small enough for every worker; on cuda
-        bounded by the token budget alone (the cpu's 256-pair cap starved the GPU of work)."""
-        if self.device.type == "cpu":
-            return list(length_batches(lengths, batch_budget(sum(lengths), max_batch_tokens)))
-        return list(length_batches(lengths, max_batch_tokens, max_batch_tokens))
+        """The length-sorted batches `encoded_logits` forwards (model.batches.bulk_batches)."""
+        return bulk_batches(lengths, max_batch_tokens, self.device.type == "cpu")
 
     def forward_workers(self, torch_only: bool = False) -> ForwardWorkers | None:
         """The workers that forward many batches at once on this cpu (None: the caller's thread): as many as
