@@ -1,7 +1,7 @@
 """A job's forward pass through the serving engine: model.bulk's Scorer whose distinct pairs are tokenised and
 grouped into `qtrel score`'s very batches (model.batches.bulk_batches: a float sum depends, by a last bit, on
-the batch it ran in, so these make its bytes), each forwarded whole by the engine (`forward_batch`, the one
-place job pairs reach a model). Paced so that live traffic goes first: while interactive pairs are queued a job
+the batch it ran in, so these make its bytes), each forwarded whole (`forward_batch`, the one place job pairs
+reach a model; service.runtime.whole). Paced so that live traffic goes first: while interactive pairs are queued a job
 has one batch in flight, else one per model process (it fills the capacity live traffic leaves)."""
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from model.levels import CHUNK_OVERLAP, MAX_BATCH_TOKENS
 from model.tokenizer import EncodedPairs
 from service.jobs.api import Job
 from service.runtime.engine import Closed, DeadlineExceeded, Engine, NotReady, Overloaded
+from service.runtime.whole import backlog, forward_whole
 from service.runtime.worker import ModelInfo, PairOutput
 
 PACE_S = 0.002  # how often a job looks again for room beside live traffic
@@ -28,7 +29,7 @@ RETRY_S = 0.5  # after the model was not ready (a reload, a restart)
 async def forward_batch(engine: Engine, job: Job, batch: list[tuple[list[int], list[int]]]) -> list[PairOutput]:
     """The one place job pairs reach a model: one batch, whole. (With the batcher's priority classes, this is
     where a job's batch would be queued at the batch priority.)"""
-    return await engine.forward_batch(batch, job.model)
+    return await forward_whole(engine, batch, job.model)
 
 
 class Stopped(Exception):
@@ -97,7 +98,7 @@ class EngineScorer:
         while True:
             if (why := self.halt()) is not None:
                 raise why
-            live, slots = self.engine.backlog(self.job.model)
+            live, slots = backlog(self.engine, self.job.model)
             if self.in_flight < (1 if live else slots):
                 return
             await asyncio.sleep(PACE_S)

@@ -269,19 +269,6 @@ class Engine:
             name,
         )
 
-    def backlog(self, model: str | None = None) -> tuple[int, int]:
-        """A model's pairs accepted, not finished, and its batches at once: how a score job paces itself."""
-        return (b := self.models.get(model).current.batcher).outstanding, b.concurrency
-
-    async def forward_batch(self, batch: list[tuple[list[int], list[int]]], model: str | None = None) -> list:
-        """One batch of (input_ids, token_type_ids) forwarded whole, past the queue: a score job's (`qtrel
-        score`'s batches, whose bits it matches; it paces itself). PairOutputs; raises as `score`."""
-        async with self.require_ready(model).hold(time.monotonic() + self.settings.request_timeout_ms / 1000) as slot:
-            out = await slot.worker.run(batch)
-        if (err := next((o for o in out if isinstance(o, Exception)), None)) is not None:
-            raise InferenceFailed(f"inference failed: {_describe(err)}") from err
-        return out
-
     async def score_windows(
         self, queries: list[str], titles: list[str], max_chunks: int, overlap: int | None = None, **options
     ) -> Windowed:
