@@ -77,7 +77,10 @@ LABEL org.opencontainers.image.title="qtrel" \
 # --no-log-init: no sparse lastlog/faillog entries sized by the high uid.
 RUN groupadd --gid 10001 qtrel \
     && useradd --no-log-init --uid 10001 --gid qtrel --home-dir /home/qtrel --create-home \
-       --shell /usr/sbin/nologin qtrel
+       --shell /usr/sbin/nologin qtrel \
+    && install -d -o 10001 -g 10001 /var/lib/qtrel/jobs
+# Score jobs' folder (QTREL_JOBS_DIR, off unless set): a volume mounted here starts owned by qtrel.
+VOLUME /var/lib/qtrel/jobs
 
 COPY --from=build /opt/venv /opt/venv
 

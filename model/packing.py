@@ -7,7 +7,7 @@ pairs of similar length. The layers' `forward_packed` methods (model.bert) consu
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from itertools import chain
 from typing import Any
@@ -15,6 +15,8 @@ from typing import Any
 import numpy as np
 import torch
 from torch import Tensor
+
+from model.batches import length_batches  # noqa: F401  (re-exported: the batches qtrel score forms)
 
 
 @dataclass
@@ -187,16 +189,3 @@ def token_slices(lengths: Sequence[int], max_tokens: int) -> list[slice]:
         acc += n
     out.append(slice(start, len(lengths)))
     return out
-
-
-def length_batches(lengths: Sequence[int], max_batch_tokens: int, max_batch_size: int = 256) -> Iterable[list[int]]:
-    """Indices grouped by length so that longest x count stays within the token budget."""
-    order = sorted(range(len(lengths)), key=lengths.__getitem__)
-    batch: list[int] = []
-    for i in order:  # ascending: the newest item is the batch's longest
-        if batch and (lengths[i] * (len(batch) + 1) > max_batch_tokens or len(batch) >= max_batch_size):
-            yield batch
-            batch = []
-        batch.append(i)
-    if batch:
-        yield batch

@@ -23,16 +23,12 @@ from typing import TypeVar
 
 import torch
 
+from model.batches import BATCHES_PER_WORKER, MAX_WORKERS, MIN_BATCH_TOKENS, batch_budget  # noqa: F401
+
 __all__ = ["MAX_WORKERS", "ForwardWorkers", "batch_budget", "plan", "run_batches", "workers_for"]
 
 T = TypeVar("T")
 R = TypeVar("R")
-
-# Past a few workers the Python between kernels (one at a time under the GIL) would bind; measured at 2
-MAX_WORKERS = 4
-# Batches per worker when a call holds few (batch_budget), and the smallest batch that runs at full speed
-# (AMD EPYC Zen 3, float32, 2 workers: per pair as fast at 1,024-4,096 tokens as at 8,192, within noise)
-BATCHES_PER_WORKER, MIN_BATCH_TOKENS = 4, 1024
 
 
 def plan(threads: int, workers: int = 0) -> tuple[int, int]:
@@ -96,14 +92,6 @@ def workers_for(current: ForwardWorkers | None, threads: int, workers: int = 0) 
     if current is not None and not current.stale:
         current.close()
     return ForwardWorkers(w, each)
-
-
-def batch_budget(tokens: int, max_batch_tokens: int) -> int:
-    """Padded tokens per cpu batch for a call of `tokens` in all: small enough that MAX_WORKERS workers get
-    BATCHES_PER_WORKER each (one big batch keeps one worker busy while the others wait), down to
-    MIN_BATCH_TOKENS. It depends on the pairs only, not on the workers, so that a file scored with any
-    number of workers gets the very same batches (and, one thread per worker, the bits one thread gives)."""
-    return min(max_batch_tokens, max(MIN_BATCH_TOKENS, tokens // (BATCHES_PER_WORKER * MAX_WORKERS)))
 
 
 def run_batches(pool: ForwardWorkers | None, fn: Callable[[T], R], batches: Sequence[T]) -> list[R]:

@@ -16,6 +16,7 @@ import torch
 from torch import Tensor
 
 from model.arch import Network, architecture
+from model.batches import bulk_batches
 from model.checkpoint import CheckpointError, load_network, save_checkpoint
 from model.config import BertConfig
 from model.device import resolve_device, resolve_dtype
@@ -26,7 +27,7 @@ from model.engines.kernels import attention_path
 from model.heads import Head
 from model.levels import MAX_BATCH_TOKENS
 from model.packing import length_batches, pad_batch
-from model.parallel import ForwardWorkers, batch_budget, run_batches, workers_for
+from model.parallel import ForwardWorkers, run_batches, workers_for
 from model.scoring import LevelRule, ScoredBatch, level_values, score_logits
 from model.tokenizer import EncodedPairs, PairTokenizer, Truncation
 
@@ -298,11 +299,8 @@ class RelevanceModel:
         return out
 
     def batches_of(self, lengths: Sequence[int], max_batch_tokens: int) -> list[list[int]]:
-        """The length-sorted batches `encoded_logits` forwards: on cpu, small enough for every worker; on cuda
-        bounded by the token budget alone (the cpu's 256-pair cap starved the GPU of work)."""
-        if self.device.type == "cpu":
-            return list(length_batches(lengths, batch_budget(sum(lengths), max_batch_tokens)))
-        return list(length_batches(lengths, max_batch_tokens, max_batch_tokens))
+        """The length-sorted batches `encoded_logits` forwards (model.batches.bulk_batches)."""
+        return bulk_batches(lengths, max_batch_tokens, self.device.type == "cpu")
 
     def forward_workers(self, torch_only: bool = False) -> ForwardWorkers | None:
         """The workers that forward many batches at once on this cpu (None: the caller's thread): as many as

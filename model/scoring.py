@@ -96,7 +96,12 @@ def score_logits(logits: Tensor, values: Tensor, rule: LevelRule) -> ScoredBatch
     """(B, k) logits -> the scored batch."""
     logits = logits.float()
     probs = logits.softmax(-1)
-    expected = probs @ values.to(probs.dtype)
+    # Column by column, in one order: a pair's score is the same bits in any batch (a matrix-vector product
+    # adds in an order that depends on the batch's size), so that a score job matches `qtrel score` exactly
+    v = values.to(probs.dtype)
+    expected = probs[..., 0] * v[0]
+    for k in range(1, probs.shape[-1]):
+        expected = expected + probs[..., k] * v[k]
     return ScoredBatch(logits, probs, expected, rule.levels(probs, expected))
 
 

@@ -23,8 +23,11 @@ from service.http.deps import admin_off, require_admin_key, require_api_key
 from service.http.errors import as_service_error, error_response, response_for
 from service.http.explain import explain_routers
 from service.http.fast import FastLane, routes_of
+from service.http.jobs import UPLOAD_ROUTE
+from service.http.jobs import router as jobs_router
 from service.http.routes import metrics_router, ops_router, router
 from service.http.tokenize import router as tokenize_router
+from service.jobs.runner import JobRunner
 from service.logs import request_id
 from service.metrics import Metrics
 from service.runtime.engine import Engine, EngineAPI
@@ -55,12 +58,15 @@ KNOWN_ROUTES = {
     "/v2/rerank",
     "/tokenize",
     "/v1/models",
+    "/v1/jobs",
+    "/v1/jobs/{id}",  # and the routes under it: their ids are not labels
 }
 SCORING_ROUTES = {"/score", "/predict", "/rerank", "/v1/rerank", "/v2/rerank"}  # refused early when full
 QUIET_ROUTES = {"/health/live", "/health/ready", "/livez", "/readyz", "/metrics"}
 # Routers whose every route needs `Authorization: Bearer <key>` when API keys are set (require_api_key):
 # scoring, /info and, added in create_app, /explain. A new router of scoring or model routes goes here.
-PROTECTED_ROUTERS: list[APIRouter] = [router, compat_router, tokenize_router, models_router]
+PROTECTED_ROUTERS: list[APIRouter] = [router, compat_router, tokenize_router, models_router, jobs_router]
+UPLOAD_SLACK = 1 << 20  # an upload's body beyond the file: the multipart framing and the option fields
 
 
 class Lifecycle:
@@ -119,10 +125,13 @@ def on_loop(loop: asyncio.AbstractEventLoop, job: Callable[[], Awaitable[object]
 class EdgeMiddleware:
     """Request id, body-size limit, one log line and the request metrics per request (pure ASGI)."""
 
-    def __init__(self, app, metrics: Metrics, max_body_bytes: int, lane: FastLane | None = None):
+    def __init__(
+        self, app, metrics: Metrics, max_body_bytes: int, lane: FastLane | None = None, max_upload_bytes: int = 0
+    ):
         self.app = app
         self.metrics = metrics
         self.max_body = max_body_bytes
+        self.max_upload = max_upload_bytes  # a job's upload streams to disk, counted there (service.http.jobs)
         self.lane = lane  # the scoring routes' valid requests, past FastAPI (service.http.fast)
 
     async def __call__(self, scope, receive, send):
@@ -132,7 +141,7 @@ class EdgeMiddleware:
         rid = headers.get(b"x-request-id", b"").decode("latin-1")[:64] or uuid.uuid4().hex
         token = request_id.set(rid)
         path = scope["path"]
-        route = path if path in KNOWN_ROUTES else "other"
+        route = path if path in KNOWN_ROUTES else "/v1/jobs/{id}" if path.startswith("/v1/jobs/") else "other"
         t0 = time.perf_counter()
         status = 500
 
@@ -152,7 +161,12 @@ class EdgeMiddleware:
                 await response_for(mapped)(scope, receive, send_wrapped)
                 return
             replay = receive
-            if scope["method"] in ("POST", "PUT", "PATCH"):
+            if path == UPLOAD_ROUTE and scope["method"] == "POST":
+                if self._declared_too_big(headers, self.max_upload):
+                    resp = error_response(ErrorKind.TOO_LARGE, f"body is over {self.max_upload} bytes")
+                    await resp(scope, receive, send_wrapped)
+                    return
+            elif scope["method"] in ("POST", "PUT", "PATCH"):
                 first = None if self._declared_too_big(headers) else await self._buffer_body(receive)
                 if first is None:
                     resp = error_response(ErrorKind.TOO_LARGE, f"body is over {self.max_body} bytes")
@@ -180,9 +194,9 @@ class EdgeMiddleware:
                 )
             request_id.reset(token)
 
-    def _declared_too_big(self, headers) -> bool:
+    def _declared_too_big(self, headers, limit: int | None = None) -> bool:
         try:
-            return int(headers.get(b"content-length", b"0")) > self.max_body
+            return int(headers.get(b"content-length", b"0")) > (self.max_body if limit is None else limit)
         except ValueError:
             return False  # a malformed length is the HTTP server's concern
 
@@ -241,10 +255,19 @@ def create_app(
         starting = asyncio.create_task(lifecycle.start(engine), name="qtrel-start")
         reload_models = on_loop(asyncio.get_running_loop(), engine.reload)  # SIGHUP: every model from its path
         lifecycle.reloaders.append(reload_models)
+        # Jobs run beside the engine that owns the model processes: a one-process server's (a front holds none)
+        jobs = None
+        if settings.jobs_dir is not None and isinstance(engine, Engine):
+            jobs = JobRunner(settings, engine, metrics)
+        if jobs is not None:
+            await jobs.start()  # its jobs wait for their model to be ready
         try:
-            yield {"engine": engine, "settings": settings, "metrics": metrics}  # request.state, for service.http.deps
+            # request.state, for service.http.deps
+            yield {"engine": engine, "settings": settings, "metrics": metrics, "jobs": jobs}
         finally:
             lifecycle.reloaders.remove(reload_models)
+            if jobs is not None:
+                await jobs.stop(settings.drain_timeout_s)  # the running job resumes at the next start
             await engine.drain(settings.drain_timeout_s)
             starting.cancel()
             await engine.stop()
@@ -271,6 +294,14 @@ def create_app(
     # A request's span comes from FastAPI's instrumentation: with tracing on, every request goes FastAPI's way.
     lane = FastLane(routes_of(app), app) if settings.fast_lane and not tracing.enabled else None
     app.state.fast_lane = lane
-    app.add_middleware(EdgeMiddleware, metrics=metrics, max_body_bytes=settings.max_body_bytes, lane=lane)
+    app.add_middleware(
+        EdgeMiddleware,
+        metrics=metrics,
+        max_body_bytes=settings.max_body_bytes,
+        lane=lane,
+        max_upload_bytes=settings.job_max_bytes + UPLOAD_SLACK
+        if settings.jobs_dir is not None
+        else settings.max_body_bytes,
+    )
     tracing.instrument(app)  # a span per request, outside the edge middleware
     return app

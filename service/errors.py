@@ -27,6 +27,7 @@ class ErrorKind(str, Enum):
     RATE_LIMITED = "rate_limited"
     NOT_READY = "not_ready"  # loading, warming up or draining
     BACKEND = "backend"  # the forward pass failed
+    NO_SPACE = "insufficient_storage"  # a score job would leave the jobs directory less than its free minimum
 
 
 class ServiceError(Exception):

@@ -186,6 +186,12 @@ class Metrics:
             self.queue_depth_by_priority.labels(name)
         self._depths: dict[int, Sequence[int]] = {}  # per batcher (observer): its pairs queued per class
 
+        self.jobs = Gauge("qtrel_jobs", "Score jobs (/v1/jobs) on disk, by state", ["state"], registry=r)
+        self.job_pairs = Counter("qtrel_job_pairs", "Pairs scored by score jobs (rows written with scores)", registry=r)
+        self.job_queue_pairs = Gauge(
+            "qtrel_job_queue_pairs", "Pairs of queued and running score jobs not yet scored", registry=r
+        )
+
     def queues_changed(self, batcher: int, items: int, in_flight: int) -> None:
         """One batcher's queue changed: the gauges are every batcher's together."""
         if items or in_flight:

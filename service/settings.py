@@ -234,6 +234,32 @@ class Settings(BaseSettings):
     protect_metrics: bool = Field(False, description="/metrics also needs an API key (when keys are set)")
     _keyring: KeyRing = PrivateAttr()
 
+    # --- score jobs (/v1/jobs) ---
+    jobs_dir: Path | None = Field(
+        None,
+        description="directory that holds score jobs, their inputs and outputs (a volume in Docker and Kubernetes); "
+        "a restart resumes every unfinished job from its last written chunk. Unset: the /v1/jobs routes are off",
+    )
+    job_input_dirs: str = Field(
+        "",
+        description="comma-separated directories whose files a job may name as its input (`input_path`) instead "
+        "of uploading one; empty: uploads only",
+    )
+    job_max_bytes: int = Field(1 << 30, ge=1, description="an input file's size; beyond: 413")
+    job_max_rows: int = Field(10_000_000, ge=1, description="an input file's rows; beyond: 413")
+    job_max_jobs: int = Field(16, ge=1, description="jobs queued or running at once; beyond: 429")
+    job_min_free_bytes: int = Field(
+        1 << 30,
+        ge=0,
+        description="free bytes the jobs directory keeps: a job whose input and output would leave less is refused "
+        "(507), and a running one that meets a full disk fails with the reason",
+    )
+    job_keep_s: float = Field(
+        7 * 86400.0,
+        ge=0,
+        description="seconds a finished job (its files too) is kept before it is deleted; 0: kept until deleted",
+    )
+
     # --- explanations ---
     explain_per_minute: int = Field(60, ge=0, description="/explain calls per minute (0 disables the route)")
 
@@ -256,6 +282,11 @@ class Settings(BaseSettings):
             if self.shadow and parse_entry(self.shadow).name in (None, *names):
                 raise ValueError("shadow needs its own name: NAME=PATH, not one of the served models")
         return self
+
+    @property
+    def job_input_roots(self) -> list[Path]:
+        """The directories of job_input_dirs, resolved: a job's input_path must lie under one of them."""
+        return [Path(d.strip()).resolve() for d in self.job_input_dirs.split(",") if d.strip()]
 
     @property
     def keyring(self) -> KeyRing:

@@ -25,6 +25,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
@@ -32,10 +33,13 @@ from model.bulk.io import Chunk, CsvSink, CsvSource, JsonlSink, JsonlSource, Sco
 from model.bulk.parquet import ParquetSink, ParquetSource
 from model.data import DataError
 from model.levels import MAX_BATCH_TOKENS
-from model.relevance import RelevanceModel
+from model.tokenizer import PairTokenizer
 from model.windows import CHUNK_OVERLAP, best, split_pairs
 
-__all__ = ["ScoreOptions", "score_file", "score_pairs", "score_names"]
+if TYPE_CHECKING:  # the scoring server runs score_rows without torch in its own process
+    from model.relevance import RelevanceModel
+
+__all__ = ["Forward", "ScoreOptions", "Scorer", "run_file", "score_file", "score_names", "score_pairs", "score_rows"]
 
 log = logging.getLogger("qtrel.bulk")
 
@@ -78,6 +82,20 @@ def score_names(labels: Sequence[str], prefix: str = "", windows: bool = False) 
     return names + [f"{prefix}{c}" for c in WINDOW_COLUMNS] if windows else names
 
 
+# Distinct pairs -> their expected level (n,), probabilities (n, levels) and level index per pair: the model's
+# one scoring contract (model.scoring), run here (`score_pairs`) or by a scoring server (service.jobs).
+Forward = Callable[[list[tuple[str, str]]], tuple[np.ndarray, np.ndarray, list[int]]]
+
+
+class Scorer(Protocol):
+    """What `run_file` needs: the score columns' levels, and the Scores of a chunk's pairs (None: a bad row)."""
+
+    @property
+    def labels(self) -> Sequence[str]: ...
+
+    def __call__(self, pairs: Sequence[tuple[str, str] | None]) -> Scores: ...
+
+
 def score_pairs(
     model: RelevanceModel,
     pairs: Sequence[tuple[str, str] | None],
@@ -86,12 +104,30 @@ def score_pairs(
     max_chunks: int | None = None,
     chunk_overlap: int = CHUNK_OVERLAP,
 ) -> Scores:
-    """Score columns of pairs in their order, forwarded in length-sorted batches; None rows stay empty.
-    Each distinct pair is forwarded once and its row copied to its duplicates (the same numbers, bit for
-    bit: search logs repeat their popular pairs). With `max_chunks`, a title longer than the model's window
-    is scored in at most that many windows (`model.windows.split_pairs`, as the service's `max_chunks`) and
-    gets its best window's scores and the WINDOW_COLUMNS."""
-    n_labels, windowed = len(model.labels), max_chunks is not None
+    """Score columns of pairs in their order, forwarded here in length-sorted batches (`score_rows`)."""
+
+    def forward(todo: list[tuple[str, str]]) -> tuple[np.ndarray, np.ndarray, list[int]]:
+        s = model.score(model.encoded_logits(model.encode(todo), max_batch_tokens))
+        return s.expected.numpy(), s.probs.numpy(), s.level.tolist()
+
+    return score_rows(model.labels, model.tokenizer, pairs, forward, prefix, max_chunks, chunk_overlap)
+
+
+def score_rows(
+    labels: Sequence[str],
+    tokenizer: PairTokenizer,
+    pairs: Sequence[tuple[str, str] | None],
+    forward: Forward,
+    prefix: str = "",
+    max_chunks: int | None = None,
+    chunk_overlap: int = CHUNK_OVERLAP,
+) -> Scores:
+    """Score columns of pairs in their order; None rows stay empty. Each distinct pair goes to `forward` once
+    and its row is copied to its duplicates (the same numbers, bit for bit: search logs repeat their popular
+    pairs). With `max_chunks`, a title longer than the model's window is scored in at most that many windows
+    (`model.windows.split_pairs`, as the service's `max_chunks`) and gets its best window's scores and the
+    WINDOW_COLUMNS."""
+    n_labels, windowed = len(labels), max_chunks is not None
     present = [(i, p) for i, p in enumerate(pairs) if p is not None]
     good = [i for i, _ in present]
     values = np.full((len(pairs), 1 + n_labels + 4 * windowed), np.nan, dtype=np.float32)
@@ -100,13 +136,12 @@ def score_pairs(
     rows = [distinct.setdefault(p, len(distinct)) for _, p in present]  # per good row, its distinct pair
     todo = list(distinct)
     if good and max_chunks is not None:
-        docs = split_pairs(model.tokenizer, [q for q, _ in todo], [t for _, t in todo], max_chunks, chunk_overlap)
+        docs = split_pairs(tokenizer, [q for q, _ in todo], [t for _, t in todo], max_chunks, chunk_overlap)
         windows: dict[tuple[str, str], int] = {}  # the distinct windows, forwarded once each
         at = [[windows.setdefault((q, w.text), len(windows)) for w in ws] for (q, _), ws in zip(todo, docs)]
         todo = list(windows)
     if good:
-        s = model.score(model.encoded_logits(model.encode(todo), max_batch_tokens))
-        expected, probs, levels = s.expected.numpy(), s.probs.numpy(), s.level.tolist()
+        expected, probs, levels = forward(todo)
         if max_chunks is not None:
             pick = [best(expected[r].tolist()) for r in at]
             won = [r[k] for r, k in zip(at, pick)]  # per distinct pair, its best window
@@ -116,8 +151,8 @@ def score_pairs(
         values[good, 0] = expected[rows]
         values[good, 1 : 1 + n_labels] = probs[rows]
         for i, k in zip(good, rows):
-            level[i] = model.labels[levels[k]]
-    return Scores(score_names(model.labels, prefix, windowed), level, values, len(todo) if good else 0)
+            level[i] = labels[levels[k]]
+    return Scores(score_names(labels, prefix, windowed), level, values, len(todo) if good else 0)
 
 
 def _bad_rows(path: Path, chunk: Chunk, max_errors: int) -> DataError:
@@ -161,6 +196,18 @@ class _Progress:
             self.bar.close()
 
 
+class _LocalScorer:
+    """`score_pairs` on a model loaded here, with the options' batch budget, prefix and windows."""
+
+    def __init__(self, model: RelevanceModel, o: ScoreOptions):
+        self.model, self.o = model, o
+        self.labels: Sequence[str] = model.labels
+
+    def __call__(self, pairs: Sequence[tuple[str, str] | None]) -> Scores:
+        o = self.o
+        return score_pairs(self.model, pairs, o.max_batch_tokens, o.prefix, o.max_chunks, o.chunk_overlap)
+
+
 def score_file(
     model: RelevanceModel,
     input: str | Path,
@@ -175,6 +222,33 @@ def score_file(
     """Score every query-title pair of INPUT into OUTPUT (same format); see the module doc. OUTPUT must not
     exist unless `resume` (go on from what it holds) or `overwrite`. Returns a summary: rows in OUTPUT,
     rows scored and bad rows in this run, rows kept from before, seconds and pairs/s."""
+    o = options or ScoreOptions()
+    return run_file(
+        _LocalScorer(model, o),
+        input,
+        output,
+        o,
+        chunk_rows=chunk_rows,
+        resume=resume,
+        progress=progress,
+        max_errors=max_errors,
+    )
+
+
+def run_file(
+    scorer: Scorer,
+    input: str | Path,
+    output: str | Path,
+    options: ScoreOptions | None = None,
+    *,
+    chunk_rows: int = 20000,
+    resume: bool = False,
+    progress: bool = True,
+    max_errors: int = 20,
+    on_chunk: Callable[[int], None] | None = None,
+) -> dict:
+    """`score_file` with any Scorer (a scoring server's: service.jobs); `on_chunk(rows)` after each chunk is
+    written and synced, with the rows OUTPUT then holds."""
     input, output = Path(input), Path(output)
     kind = format_of(input)
     if format_of(output) != kind:
@@ -193,7 +267,7 @@ def score_file(
         output.unlink(missing_ok=True)
         shutil.rmtree(parts_dir(output), ignore_errors=True)
     source = SOURCES[kind](input, o.query_column, o.title_column)
-    names = score_names(model.labels, o.prefix, o.max_chunks is not None)
+    names = score_names(scorer.labels, o.prefix, o.max_chunks is not None)
     sink = SINKS[kind](output, source, names, resume, chunk_rows)
     kept = sink.rows_done
     if kept:
@@ -204,8 +278,10 @@ def score_file(
         for chunk in source.chunks(chunk_rows, skip=kept):
             if chunk.problems and not o.skip_bad:
                 raise _bad_rows(input, chunk, max_errors)
-            scores = score_pairs(model, chunk.pairs, o.max_batch_tokens, o.prefix, o.max_chunks, o.chunk_overlap)
+            scores = scorer(chunk.pairs)
             sink.write(chunk, scores)
+            if on_chunk is not None:
+                on_chunk(sink.rows_done)
             forwarded += scores.forwarded
             scored += len(chunk) - len(chunk.problems)
             bad += len(chunk.problems)

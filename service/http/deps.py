@@ -65,6 +65,7 @@ async def require_api_key(
     id, never the key. app.py applies it to every router in its protected group."""
     ring = request.state.settings.keyring
     key_id = _match(ring, credentials, "API key")
+    request.state.key_id = key_id  # the owner of the score jobs it submits (service.http.jobs)
     if key_id is not None:
         request.state.metrics.key_used(key_id, ring)
 

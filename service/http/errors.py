@@ -47,6 +47,7 @@ STATUS = {
     ErrorKind.RATE_LIMITED: 429,
     ErrorKind.NOT_READY: 503,
     ErrorKind.BACKEND: 500,
+    ErrorKind.NO_SPACE: 507,
 }
 
 # Headers that every response of a kind carries (RFC 9110: a 401 names its scheme).

@@ -1,0 +1,321 @@
+"""The job runner: the one owner of score jobs. It checks a job before queueing it, runs the queued jobs one
+at a time, oldest first, and on start resumes every unfinished job from the last chunk its output holds.
+
+A job is `qtrel score` with the serving engine as its model: model.bulk's `run_file` reads the input in
+chunks and writes each chunk's rows, synced, with model.bulk's sinks (so the output is byte for byte what
+`qtrel score` writes with the same model and precision, and a restart cuts a torn chunk off and goes on);
+only the forward pass differs (service.jobs.scoring). File work runs on a thread, the engine's calls on the
+event loop.
+
+Self-contained (`start`, `stop`) so that whoever owns the engine can own it: the app's lifespan today."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+
+from model.bulk.score import ScoreOptions, run_file
+from model.levels import CHUNK_OVERLAP
+from service.errors import ErrorKind, ServiceError
+from service.jobs.api import STATUSES, Job, JobOptions, Status, format_of
+from service.jobs.checks import count_rows
+from service.jobs.scoring import Cancelled, EngineScorer, Stopped
+from service.jobs.store import JobStore
+from service.metrics import Metrics
+from service.runtime.engine import Engine, NotReady
+from service.runtime.worker import ModelInfo
+from service.settings import Settings
+
+log = logging.getLogger("qtrel.jobs")
+
+RETRY_S = 0.5  # while a job waits for its model to serve
+
+
+class JobRunner:
+    def __init__(self, settings: Settings, engine: Engine, metrics: Metrics):
+        assert settings.jobs_dir is not None
+        self.settings, self.engine, self.metrics = settings, engine, metrics
+        self.store = JobStore(settings.jobs_dir)
+        self.jobs: dict[str, Job] = {}  # by id, oldest first
+        self._lock = threading.Lock()  # the records are saved from the loop and from run_file's thread
+        self._cancel: set[str] = set()
+        self._stopping = False
+        self._wake: asyncio.Event | None = None
+        self._task: asyncio.Task | None = None
+
+    # --- lifecycle ----------------------------------------------------------------------------
+    async def start(self) -> None:
+        for job in await asyncio.to_thread(self.store.load):
+            if job.status == "cancelling":
+                self._end(job, "cancelled")
+                self.store.drop_output(job)
+            elif not job.finished:
+                job.status = "queued"  # resumed where its output ends
+            self.jobs[job.id] = job
+        self._sweep()
+        self._wake = asyncio.Event()
+        self._task = asyncio.create_task(self._loop(), name="qtrel-jobs")
+        n = sum(not j.finished for j in self.jobs.values())
+        log.info("score jobs in %s: %d on disk, %d to run", self.store.root, len(self.jobs), n)
+
+    async def stop(self, timeout: float = 30.0) -> None:
+        """Stop after the slices in flight: the running job stays unfinished and resumes at the next start."""
+        self._stopping = True
+        if self._wake is not None:
+            self._wake.set()
+        if self._task is not None:
+            try:
+                await asyncio.wait_for(self._task, timeout)
+            except TimeoutError:
+                log.warning("the job runner did not stop within %.0fs", timeout)
+
+    async def _loop(self) -> None:
+        assert self._wake is not None
+        while not self._stopping:
+            job = next((j for j in self.jobs.values() if j.status == "queued"), None)
+            if job is None:
+                self._wake.clear()
+                await self._wake.wait()
+                continue
+            try:
+                await self._run(job)
+            except Exception:  # a bug here must not end the runner
+                log.exception("job %s", job.id)
+            self._sweep()
+
+    # --- submission ---------------------------------------------------------------------------
+    @property
+    def max_bytes(self) -> int:
+        return self.settings.job_max_bytes
+
+    def incoming(self, filename: str) -> Path:
+        return self.store.incoming(Path(filename).suffix.lower())
+
+    async def submit(self, input: Path, filename: str, options: JobOptions, owner: str | None, uploaded: bool) -> Job:
+        """Check the job and queue it, or refuse it (ServiceError) with nothing queued. `uploaded`: `input` is
+        an upload under `.incoming/`, moved into the job (and removed on refusal); else an input_path."""
+        try:
+            return await self._submit(input, filename, options, owner, uploaded)
+        finally:
+            if uploaded:
+                input.unlink(missing_ok=True)
+
+    async def _submit(self, input: Path, name: str, options: JobOptions, owner: str | None, uploaded: bool) -> Job:
+        s = self.settings
+        fmt = format_of(name)
+        if fmt is None:
+            raise ServiceError(ErrorKind.VALIDATION, f"{name}: unknown format (.csv, .jsonl or .json, .parquet)")
+        if not uploaded:
+            input = self._allowed(input)
+        size = input.stat().st_size
+        if size > s.job_max_bytes:
+            raise ServiceError(ErrorKind.TOO_LARGE, f"the input has {size} bytes; at most {s.job_max_bytes}")
+        self._check_room(size * (2 if uploaded else 3))  # output ~ the input again (and a copy of an input_path)
+        served = self.engine.require_ready(options.model)  # ModelNotFound: 404; NotReady: 503
+        if options.model is not None and options.model != served.name:  # strict: a night's work on the wrong model
+            raise ServiceError(ErrorKind.MODEL_NOT_FOUND, f"model {options.model!r} is not served (GET /v1/models)")
+        info = served.current.info
+        if info is None:
+            raise NotReady("loading")
+        rows = await asyncio.to_thread(count_rows, input, name, fmt, options, info.labels, s.job_max_rows)
+        self._check_room(size * (2 if uploaded else 3))  # again: others may have come in meanwhile
+        job = Job(Job.new_id(), name, fmt, size, options, owner, "upload" if uploaded else "path", total=rows)
+        job.model, job.dtype = served.name, info.dtype
+        await asyncio.to_thread(self.store.create, job, input, uploaded)
+        self.jobs[job.id] = job
+        self._gauges()
+        if self._wake is not None:
+            self._wake.set()
+        log.info("job %s queued: %d rows of %s (%s) for %s", job.id, rows, fmt, job.source, job.model)
+        return job
+
+    def _allowed(self, path: Path) -> Path:
+        """An input_path inside one of job_input_dirs (links resolved first), as a readable file."""
+        roots = self.settings.job_input_roots
+        real = path.resolve()
+        if not roots or not any(real.is_relative_to(r) for r in roots):
+            where = ", ".join(map(str, roots)) or "none: set QTREL_JOB_INPUT_DIRS"
+            raise ServiceError(ErrorKind.FORBIDDEN, f"{path} is outside the directories jobs may read ({where})")
+        if not real.is_file() or not os.access(real, os.R_OK):
+            raise ServiceError(ErrorKind.VALIDATION, f"{path}: no such readable file")
+        return real
+
+    def _check_room(self, need: int) -> None:
+        s = self.settings
+        if sum(not j.finished for j in self.jobs.values()) >= s.job_max_jobs:
+            raise ServiceError(
+                ErrorKind.OVERLOADED, f"{s.job_max_jobs} jobs are queued or running (job_max_jobs)", retry_after=60
+            )
+        free = self.store.free_bytes()
+        if free - need < s.job_min_free_bytes:
+            raise ServiceError(
+                ErrorKind.NO_SPACE,
+                f"the jobs directory has {free} bytes free; this job needs about {need} and "
+                f"{s.job_min_free_bytes} must stay free (job_min_free_bytes)",
+            )
+
+    # --- running ------------------------------------------------------------------------------
+    async def _run(self, job: Job) -> None:
+        info = await self._model_info(job)
+        if info is None:
+            return
+        job.status, job.in_progress_at = "in_progress", job.in_progress_at or int(time.time())
+        self._save(job)
+        scorer = EngineScorer(self.engine, job, info, asyncio.get_running_loop(), lambda: self._halt(job))
+        o = job.options
+        options = ScoreOptions(
+            query_column=o.query_column,
+            title_column=o.title_column,
+            prefix=o.prefix,
+            skip_bad=o.skip_bad,
+            max_chunks=o.max_chunks,
+            chunk_overlap=CHUNK_OVERLAP if o.chunk_overlap is None else o.chunk_overlap,
+        )
+        out = self.store.output(job)
+        try:
+            await asyncio.to_thread(
+                run_file,
+                scorer,
+                self.store.input(job),
+                out,
+                options,
+                chunk_rows=o.chunk_rows,
+                resume=True,
+                progress=False,
+                on_chunk=lambda rows: self._chunk_done(job, scorer, rows),
+            )
+        except Stopped:
+            log.info("job %s stops at row %d: it resumes at the next start", job.id, job.done)
+        except Cancelled:
+            self.store.drop_output(job)
+            self._end(job, "cancelled")
+        except Exception as e:
+            log.warning("job %s failed: %s", job.id, e)
+            self.store.drop_output(job)
+            job.error = _reason(e, self.store.folder(job.id), job.filename)
+            self._end(job, "failed")
+        else:
+            job.output_bytes = out.stat().st_size
+            self._end(job, "completed")
+        finally:
+            self._cancel.discard(job.id)
+
+    async def _model_info(self, job: Job) -> ModelInfo | None:
+        """The job's model once it serves (it may be loading after a restart); None when stopping."""
+        while not self._stopping:
+            try:
+                if (info := self.engine.require_ready(job.model).current.info) is not None:
+                    return info
+            except NotReady:
+                pass
+            except Exception as e:  # the model is no longer served
+                job.error = str(e)
+                self._end(job, "failed")
+                return None
+            await asyncio.sleep(RETRY_S)
+        return None
+
+    def _halt(self, job: Job) -> Exception | None:
+        return Stopped() if self._stopping else Cancelled() if job.id in self._cancel else None
+
+    def _chunk_done(self, job: Job, scorer: EngineScorer, rows: int) -> None:
+        """On run_file's thread, after a chunk is written and synced: the record follows."""
+        added = max(rows - job.done, 0)
+        job.bad += scorer.bad
+        self.metrics.job_pairs.inc(max(added - scorer.bad, 0))
+        job.done, scorer.bad = rows, 0
+        job.pairs_per_s = scorer.rate
+        if rows >= job.total and job.status == "in_progress":
+            job.status, job.finalizing_at = "finalizing", int(time.time())
+        self._save(job)
+
+    # --- the record ---------------------------------------------------------------------------
+    def _save(self, job: Job) -> None:
+        with self._lock:
+            if self.store.folder(job.id).is_dir():
+                self.store.save(job)
+        self._gauges()
+
+    def _end(self, job: Job, status: Status) -> None:
+        job.status = status
+        setattr(job, f"{status}_at", int(time.time()))
+        if status != "completed":
+            job.pairs_per_s = 0.0
+        self._save(job)
+
+    def _gauges(self) -> None:
+        counts = Counter(j.status for j in self.jobs.values())
+        for state in STATUSES:
+            self.metrics.jobs.labels(state).set(counts.get(state, 0))
+        left = sum(max(j.total - j.done, 0) for j in self.jobs.values() if not j.finished)
+        self.metrics.job_queue_pairs.set(left)
+
+    def _sweep(self) -> None:
+        """Delete finished jobs older than job_keep_s."""
+        keep = self.settings.job_keep_s
+        if not keep:
+            return
+        now = time.time()
+        for job in list(self.jobs.values()):
+            ended = job.completed_at or job.failed_at or job.cancelled_at
+            if job.finished and ended is not None and now - ended > keep:
+                self.store.remove(job)
+                del self.jobs[job.id]
+        self._gauges()
+
+    # --- the routes' calls --------------------------------------------------------------------
+    def get(self, job_id: str, owner: str | None) -> Job:
+        job = self.jobs.get(job_id)
+        if job is None or (owner is not None and job.owner != owner):
+            raise ServiceError(ErrorKind.NOT_FOUND, f"no job {job_id!r}")
+        return job
+
+    def list(self, owner: str | None, after: str | None, limit: int) -> tuple[list[Job], bool]:
+        """Newest first, from after the job `after` (OpenAI's cursor); (page, whether more follow)."""
+        mine = [j for j in reversed(self.jobs.values()) if owner is None or j.owner == owner]
+        if after is not None:
+            ids = [j.id for j in mine]
+            if after not in ids:
+                raise ServiceError(ErrorKind.NOT_FOUND, f"no job {after!r} (after)")
+            mine = mine[ids.index(after) + 1 :]
+        return mine[:limit], len(mine) > limit
+
+    async def cancel(self, job_id: str, owner: str | None) -> Job:
+        job = self.get(job_id, owner)
+        if job.finished:
+            raise ServiceError(ErrorKind.CONFLICT, f"job {job_id} is {job.status}: nothing to cancel")
+        if job.status == "queued":
+            self._end(job, "cancelled")
+        elif job.status != "cancelling":
+            self._cancel.add(job.id)
+            job.status, job.cancelling_at = "cancelling", int(time.time())
+            self._save(job)
+        return job
+
+    def delete(self, job_id: str, owner: str | None) -> Job:
+        job = self.get(job_id, owner)
+        if not job.finished:
+            raise ServiceError(ErrorKind.CONFLICT, f"job {job_id} is {job.status}: cancel it first")
+        self.store.remove(job)
+        del self.jobs[job.id]
+        self._gauges()
+        return job
+
+    def output(self, job_id: str, owner: str | None) -> Path:
+        job = self.get(job_id, owner)
+        if job.status != "completed":
+            raise ServiceError(ErrorKind.CONFLICT, f"job {job_id} is {job.status}: its output comes once it completes")
+        return self.store.output(job)
+
+
+def _reason(e: Exception, folder: Path, name: str) -> str:
+    """Why a job failed, in the client's terms: its file by its own name, never the server's paths."""
+    if isinstance(e, OSError) and e.errno == 28:
+        return "the jobs directory is full (no space left on the device)"
+    text = str(e) or type(e).__name__
+    return text.replace(str(folder / "input"), name).replace(str(folder) + os.sep, "")

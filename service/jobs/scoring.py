@@ -1,0 +1,121 @@
+"""A job's forward pass through the serving engine: model.bulk's Scorer whose distinct pairs are tokenised and
+grouped into `qtrel score`'s very batches (model.batches.bulk_batches: a float sum depends, by a last bit, on
+the batch it ran in, so these make its bytes), each forwarded whole (`forward_batch`, the one place job pairs
+reach a model; service.runtime.whole). Paced so that live traffic goes first: while interactive pairs are queued a job
+has one batch in flight, else one per model process (it fills the capacity live traffic leaves)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Sequence
+
+import numpy as np
+
+from model.batches import bulk_batches
+from model.bulk.io import Scores
+from model.bulk.score import score_rows
+from model.levels import CHUNK_OVERLAP, MAX_BATCH_TOKENS
+from model.tokenizer import EncodedPairs
+from service.jobs.api import Job
+from service.runtime.engine import Closed, DeadlineExceeded, Engine, NotReady, Overloaded
+from service.runtime.whole import backlog, forward_whole
+from service.runtime.worker import ModelInfo, PairOutput
+
+PACE_S = 0.002  # how often a job looks again for room beside live traffic
+RETRY_S = 0.5  # after the model was not ready (a reload, a restart)
+
+
+async def forward_batch(engine: Engine, job: Job, batch: list[tuple[list[int], list[int]]]) -> list[PairOutput]:
+    """The one place job pairs reach a model: one batch, whole. (With the batcher's priority classes, this is
+    where a job's batch would be queued at the batch priority.)"""
+    return await forward_whole(engine, batch, job.model)
+
+
+class Stopped(Exception):
+    """The server stops: the job stays unfinished on disk and resumes at the next start."""
+
+
+class Cancelled(Exception):
+    pass
+
+
+class EngineScorer:
+    """model.bulk's Scorer with the engine as its forward pass. Called on run_file's thread; the engine's
+    calls run on the event loop `loop`. `halt()` says why to stop (a Stopped or Cancelled), checked before
+    each slice."""
+
+    def __init__(
+        self,
+        engine: Engine,
+        job: Job,
+        info: ModelInfo,
+        loop: asyncio.AbstractEventLoop,
+        halt: Callable[[], Exception | None],
+    ):
+        self.engine, self.job, self.info, self.loop, self.halt = engine, job, info, loop, halt
+        self.labels = info.labels
+        self.bad = 0  # rows without a score since the last chunk written
+        self.started, self.pairs = time.perf_counter(), 0  # this run's pairs scored, for the rate
+        self.in_flight = 0  # batches sent and not answered
+
+    @property
+    def rate(self) -> float:
+        return self.pairs / max(time.perf_counter() - self.started, 1e-9)
+
+    def __call__(self, pairs: Sequence[tuple[str, str] | None]) -> Scores:
+        o = self.job.options
+        overlap = CHUNK_OVERLAP if o.chunk_overlap is None else o.chunk_overlap
+        self.bad += sum(p is None for p in pairs)
+        return score_rows(self.labels, self.info.tokenizer, pairs, self._forward, o.prefix, o.max_chunks, overlap)
+
+    def _forward(self, todo: list[tuple[str, str]]) -> tuple[np.ndarray, np.ndarray, list[int]]:
+        """On run_file's thread: tokenise and plan as `qtrel score` does, then forward on the event loop."""
+        tok, o = self.info.tokenizer, self.job.options
+        enc = tok.encode([q for q, _ in todo], [t for _, t in todo], truncation=o.truncation)
+        batches = bulk_batches(enc.lengths, MAX_BATCH_TOKENS, self.info.device.startswith("cpu"))
+        outputs = asyncio.run_coroutine_threadsafe(self.forward(enc, batches), self.loop).result()
+        expected = np.array([x.expected for x in outputs], dtype=np.float32)
+        probs = np.array([x.probs for x in outputs], dtype=np.float32)
+        return expected, probs, [x.level for x in outputs]
+
+    async def forward(self, enc: EncodedPairs, batches: list[list[int]]) -> list[PairOutput]:
+        """The batches through the engine, paced; the pairs' outputs in their order."""
+        out: list[PairOutput | None] = [None] * len(enc.lengths)
+        try:
+            async with asyncio.TaskGroup() as tg:
+                for batch in batches:
+                    await self._room()
+                    self.in_flight += 1
+                    tg.create_task(self._send(batch, enc, out))
+        except ExceptionGroup as group:  # a stop or a cancel first, else the first error
+            errors: list[BaseException] = list(group.exceptions)
+            raise next((e for e in errors if isinstance(e, Stopped | Cancelled)), errors[0]) from None
+        return [x for x in out if x is not None]
+
+    async def _room(self) -> None:
+        """Wait for room: one batch in flight while live pairs are queued, else one per model process."""
+        while True:
+            if (why := self.halt()) is not None:
+                raise why
+            live, slots = backlog(self.engine, self.job.model)
+            if self.in_flight < (1 if live else slots):
+                return
+            await asyncio.sleep(PACE_S)
+
+    async def _send(self, batch: list[int], enc: EncodedPairs, out: list[PairOutput | None]) -> None:
+        items = [(enc.input_ids[i], enc.token_type_ids[i]) for i in batch]
+        try:
+            while True:
+                try:
+                    got = await forward_batch(self.engine, self.job, items)
+                    break
+                except (Overloaded, DeadlineExceeded, Closed, NotReady):  # a reload or a restart: again
+                    await asyncio.sleep(RETRY_S)
+                    if (why := self.halt()) is not None:
+                        raise why from None
+        finally:
+            self.in_flight -= 1
+        for i, x in zip(batch, got, strict=True):
+            out[i] = x
+        self.pairs += len(batch)

@@ -1,0 +1,30 @@
+"""Score jobs' way to the model processes, beside the engine's queue: a batch forwarded whole, as the job
+formed it (`qtrel score`'s very batches, whose bits a job's output must match: the queue would form its own),
+and the load a job paces itself by. The engine's readiness and reload rules hold (`require_ready`, `hold`)."""
+
+from __future__ import annotations
+
+import time
+
+from service.runtime.engine import Engine, InferenceFailed
+from service.runtime.worker_api import PairOutput
+
+
+def backlog(engine: Engine, model: str | None = None) -> tuple[int, int]:
+    """A model's pairs accepted and not finished (live traffic), and the batches it runs at once."""
+    batcher = engine.models.get(model).current.batcher
+    return batcher.outstanding, batcher.concurrency
+
+
+async def forward_whole(
+    engine: Engine, batch: list[tuple[list[int], list[int]]], model: str | None = None
+) -> list[PairOutput]:
+    """One batch of (input_ids, token_type_ids) forwarded whole on one of the model's processes; raises as
+    `Engine.score` does (NotReady, InferenceFailed...)."""
+    served = engine.require_ready(model)
+    async with served.hold(time.monotonic() + engine.settings.request_timeout_ms / 1000) as slot:
+        out = await slot.worker.run(batch)
+    errors = [o for o in out if isinstance(o, Exception)]
+    if errors:
+        raise InferenceFailed(f"inference failed: {errors[0]}") from errors[0]
+    return [o for o in out if isinstance(o, PairOutput)]
