@@ -18,6 +18,7 @@ from model.bert import BertForRelevance
 from model.engines.base import EngineKind, Ids, Kernels
 from model.engines.packed import PackedBertForRelevance, packed
 from model.kernels import choose_attention, install_cpu_kernels, set_attention, warm_linear_shapes
+from model.modernbert import ModernBertForRelevance
 from model.packing import pad_batch, token_slices
 
 # float32 on MKL (the fused kernels): a forward over more packed tokens than this ran slower per pair, its
@@ -102,6 +103,12 @@ def torch_engine(
     else:
         module = module.to(device, torch_dtype)
     kernels = Kernels()
+    if isinstance(module, ModernBertForRelevance):  # its own packed engine (model.engines.modern_packed)
+        if unpadded and cpu and torch_dtype is not None:
+            from model.engines.modern_packed import modern_engine  # it builds on this module's PaddedEngine
+
+            return modern_engine(module, device, torch_dtype, pad_id, onednn)
+        return PaddedEngine(module, device, pad_id, kernels)
     if onednn and torch_dtype is not None and cpu and isinstance(module, PackedBertForRelevance):
         cpu_kernels = install_cpu_kernels(module, torch_dtype)
         kernels = Kernels(cpu_kernels, *choose_attention(module, torch_dtype, attention))
