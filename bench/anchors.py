@@ -9,7 +9,7 @@ and every row gets its share of the probe of its precision, in useful GFLOP/s (r
 Systems and probes are interleaved within each repeat, the order rotated per repeat; median and range.
 
   python bench/anchors.py --model model/default                      # full run, into docs/
-  python bench/anchors.py --model model/default --quick              # smoke run, under /tmp/qtrel-bench-quick
+  python bench/anchors.py --quick                                    # smoke run: a tiny random checkpoint
   python bench/anchors.py --model model/default --pause-pid PID      # SIGSTOP PID during each repeat only
   python bench/anchors.py --model model/default --pause-match 'qtrel train'   # ... whatever matches, then
 """
@@ -19,332 +19,26 @@ from __future__ import annotations
 import argparse
 import gc
 import json
-import os
-import signal
 import statistics
-import subprocess
 import tempfile
-import time
 import warnings
-from collections.abc import Callable
 from pathlib import Path
 
-import numpy as np
 import torch
-import torch.nn.functional as F
-from model_speed import Batch, export_onnx, hf_model, make_batches, read_pairs
-from results import DOCS, command_line, machine, publish, update_section
+from harness.data import DEFAULT_MODEL, make_batches, read_pairs, tiny_checkpoint, useful_flops
+from harness.interleave import Pause, measure, spread
+from harness.machine import cpu_kind, default_title, isa, isa_line, native_precision
+from harness.passes import Pass, hf_pass, openvino_passes, ort_pass, probe_pass, qtrel_batches, qtrel_own, qtrel_workers
+from harness.publish import DOCS, command_line, machine, publish, update_section
+from harness.systems import export_onnx, hf_model
 
-from model.config import BertConfig
 from model.kernels import per_group_attention
-from model.levels import MAX_BATCH_TOKENS
-from model.onednn import OneDNNLinear
-from model.parallel import run_batches
 from model.relevance import RelevanceModel
-
-ISA_FLAGS = ("avx2", "avx512f", "avx512_bf16", "avx512_vnni", "amx_bf16", "amx_int8")
-PROBE_ROWS = 1024  # tokens per probe matmul: about one batch of 32 dev pairs (~26 tokens each)
-
-
-# --- the machine ---------------------------------------------------------------------------------
-def isa() -> dict:
-    info = Path("/proc/cpuinfo").read_text(errors="ignore").splitlines()
-    field = {k.strip(): v.strip() for k, _, v in (line.partition(":") for line in info[:40]) if v}
-    flags = set(field.get("flags", "").split())
-    try:
-        out = subprocess.run(["lscpu"], capture_output=True, text=True, check=True).stdout
-        name = next((ln.split(":", 1)[1].strip() for ln in out.splitlines() if ln.startswith("Model name")), "?")
-    except (OSError, subprocess.CalledProcessError):
-        name = field.get("model name", "?")
-    fam, mod = int(field.get("cpu family", 0)), int(field.get("model", 0))
-    return {
-        "model_name": name,
-        "vendor": field.get("vendor_id", "?"),
-        "family": fam,
-        "model": mod,
-        "microarchitecture": microarchitecture(field.get("vendor_id", ""), fam, mod, flags),
-        "flags": {f: f in flags for f in ISA_FLAGS},
-    }
-
-
-def microarchitecture(vendor: str, fam: int, mod: int, flags: set[str]) -> str:
-    if vendor == "AuthenticAMD":
-        if fam == 26:
-            return "Zen 5"
-        if fam == 25:
-            return "Zen 4" if (0x10 <= mod <= 0x1F or 0x60 <= mod <= 0x7F or 0xA0 <= mod <= 0xAF) else "Zen 3"
-        if fam == 23:
-            return "Zen / Zen 2"
-    if vendor == "GenuineIntel" and "amx_bf16" in flags:
-        return "Sapphire Rapids or later (AMX)"
-    return "unknown"
-
-
-def isa_line(i: dict) -> str:
-    flags = ", ".join(f"{f} {'yes' if v else 'no'}" for f, v in i["flags"].items())
-    return (
-        f"{i['model_name']} ({i['vendor']} family {i['family']} model {i['model']}, {i['microarchitecture']}): {flags}"
-    )
-
-
-def run_header(i: dict) -> dict:
-    """What every run's JSON starts with: the machine's ISA (`isa()`), the command, the time, torch."""
-    return {
-        "isa": i,
-        "isa_line": isa_line(i),
-        "command": command_line(),
-        "date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
-        "torch": torch.__version__,
-    }
-
-
-def slug_of(i: dict) -> str:
-    """A file-name-safe tag: "Sapphire Rapids or later (AMX)" -> sapphire-rapids-or-later-amx."""
-    words = "".join(c if c.isalnum() else " " for c in i["microarchitecture"].lower()).split()
-    return "-".join(words)
-
-
-def default_title(i: dict) -> str:
-    f = i["flags"]
-    bits = [
-        "AVX512-BF16" if f["avx512_bf16"] else "no AVX512-BF16",
-        "VNNI" if f["avx512_vnni"] else "no VNNI",
-        "AMX" if f["amx_bf16"] else "no AMX",
-    ]
-    return f"{i['model_name']} {i['microarchitecture']} ({', '.join(bits)})"
-
-
-def native_precision(i: dict) -> str:
-    return "bfloat16" if i["flags"]["avx512_bf16"] or i["flags"]["amx_bf16"] else "float32"
-
-
-# --- FLOPs ---------------------------------------------------------------------------------------
-def useful_flops(cfg: BertConfig, lengths: list[int]) -> float:
-    """2 x multiply-adds of the forwards over the real tokens only (no padding), pooler and head included."""
-    H, inner, L = cfg.hidden_size, cfg.intermediate_size, cfg.num_hidden_layers
-    total = 0.0
-    for n in lengths:
-        total += L * (2 * n * (4 * H * H + 2 * H * inner) + 4 * n * n * H) + 2 * H * H + 2 * H * cfg.num_labels
-    return total
-
-
-# --- systems: each runs a whole pass and returns the (n, levels) logits in batch order ------------
-Pass = Callable[[], torch.Tensor]
-
-
-def qtrel_batches(m: RelevanceModel, lists: list[tuple[list, list]], batches: list[Batch], padded: bool) -> Pass:
-    def run() -> torch.Tensor:
-        with torch.inference_mode():
-            if padded:
-                return torch.cat([m.module(b.ids, b.seg, b.mask, cls_only=True)[0].float() for b in batches])
-            return torch.cat([m.logits(ids, seg) for ids, seg in lists])
-
-    return run
-
-
-def qtrel_workers(m: RelevanceModel, lists: list[tuple[list, list]]) -> Pass:
-    """The batches of 32 shared out over qtrel's forward workers (model.parallel), as encoded_logits does."""
-
-    def run() -> torch.Tensor:
-        return torch.cat(run_batches(m.forward_workers(), lambda b: m.logits(*b), lists))
-
-    return run
-
-
-def qtrel_own(m: RelevanceModel, enc, order: list[int]) -> Pass:
-    def run() -> torch.Tensor:
-        return m.encoded_logits(enc, MAX_BATCH_TOKENS)[order]
-
-    return run
-
-
-def hf_pass(hf, batches: list[Batch]) -> Pass:
-    def run() -> torch.Tensor:
-        with torch.inference_mode():
-            return torch.cat(
-                [hf(input_ids=b.ids, attention_mask=b.mask, token_type_ids=b.seg).logits.float() for b in batches]
-            )
-
-    return run
-
-
-def ort_pass(path: Path, threads: int, batches: list[Batch]) -> Pass:
-    import onnxruntime as ort
-
-    so = ort.SessionOptions()
-    so.intra_op_num_threads, so.inter_op_num_threads = threads, 1
-    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-    sess = ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
-    names = [i.name for i in sess.get_inputs()]
-    feeds = [{k: v for k, v in b.feeds().items() if k in names} for b in batches]
-
-    def run() -> torch.Tensor:
-        return torch.from_numpy(np.concatenate([sess.run(None, f)[0] for f in feeds]))
-
-    return run
-
-
-def openvino_passes(onnx_path: Path, threads: int, precision: str, batches: list[Batch]) -> tuple[Pass, Pass, dict]:
-    import openvino as ov
-
-    core = ov.Core()
-    ir = core.read_model(str(onnx_path))
-    hint = {"bfloat16": "bf16", "float32": "f32"}[precision]
-    lat = core.compile_model(
-        ir, "CPU", {"PERFORMANCE_HINT": "LATENCY", "INFERENCE_PRECISION_HINT": hint, "INFERENCE_NUM_THREADS": threads}
-    )
-    thr = core.compile_model(
-        ir,
-        "CPU",
-        {"PERFORMANCE_HINT": "THROUGHPUT", "INFERENCE_PRECISION_HINT": hint, "INFERENCE_NUM_THREADS": threads},
-    )
-    feeds = [b.feeds() for b in batches]
-    lat_req = lat.create_infer_request()
-    n_req = thr.get_property("OPTIMAL_NUMBER_OF_INFER_REQUESTS")
-    queue = ov.AsyncInferQueue(thr, n_req)
-    outs: list[np.ndarray | None] = [None] * len(batches)
-
-    def done(req, i):
-        outs[i] = req.get_output_tensor(0).data.copy()
-
-    queue.set_callback(done)
-
-    def latency() -> torch.Tensor:
-        return torch.from_numpy(np.concatenate([lat_req.infer(f)[0].copy() for f in feeds]))
-
-    def throughput() -> torch.Tensor:
-        for i, f in enumerate(feeds):
-            queue.start_async(f, userdata=i)
-        queue.wait_all()
-        return torch.from_numpy(np.concatenate(outs))
-
-    info = {
-        "version": ov.__version__,
-        "latency": {
-            k: str(lat.get_property(k)) for k in ("NUM_STREAMS", "INFERENCE_NUM_THREADS", "INFERENCE_PRECISION_HINT")
-        },
-        "throughput": {
-            k: str(thr.get_property(k)) for k in ("NUM_STREAMS", "INFERENCE_NUM_THREADS", "INFERENCE_PRECISION_HINT")
-        }
-        | {"infer_requests": n_req},
-    }
-    return latency, throughput, info
-
-
-# --- the matmul probe ----------------------------------------------------------------------------
-def probe_pass(cfg: BertConfig, dtype: torch.dtype, seconds: float) -> Callable[[], float]:
-    """GFLOP/s of a bare FFN (up and down linear, no activation) on PROBE_ROWS tokens: the best of
-    torch's F.linear and a pre-packed oneDNN linear, median over the iterations of a short window."""
-    H, inner = cfg.hidden_size, cfg.intermediate_size
-    g = torch.Generator().manual_seed(0)
-    x = torch.randn(PROBE_ROWS, H, generator=g).to(dtype)
-    w1, w2 = (
-        (torch.randn(inner, H, generator=g) * 0.05).to(dtype),
-        (torch.randn(H, inner, generator=g) * 0.05).to(dtype),
-    )
-    b1, b2 = torch.zeros(inner, dtype=dtype), torch.zeros(H, dtype=dtype)
-    up, down = OneDNNLinear(w1, b1), OneDNNLinear(w2, b2)
-    kinds = {"F.linear": lambda: F.linear(F.linear(x, w1, b1), w2, b2), "oneDNN": lambda: down(up(x))}
-    flops = 2 * 2 * PROBE_ROWS * H * inner
-
-    def run() -> float:
-        best = 0.0
-        with torch.inference_mode():
-            for fn in kinds.values():
-                fn()
-                times, t_end = [], time.perf_counter() + seconds / len(kinds)
-                while time.perf_counter() < t_end or len(times) < 5:
-                    t0 = time.perf_counter()
-                    fn()
-                    times.append(time.perf_counter() - t0)
-                best = max(best, flops / statistics.median(times) / 1e9)
-        return best
-
-    return run
-
-
-# --- measurement ---------------------------------------------------------------------------------
-class Pause:
-    """SIGSTOP processes for the timed part of one repeat and SIGCONT it after, whatever happens; never
-    for more than `limit` seconds at a stretch (`tick` between systems lets it run for a second)."""
-
-    def __init__(self, pids: list[int] | None, limit: float = 600.0, match: str | None = None):
-        self.given, self.match, self.limit, self.since = pids or [], match, limit, 0.0
-        self.pids: list[int] = []
-
-    def _resolve(self) -> None:  # `match`: whatever runs under that command line now (pgrep -f)
-        found = []
-        if self.match:
-            out = subprocess.run(["pgrep", "-f", self.match], capture_output=True, text=True).stdout
-            found = [int(x) for x in out.split() if int(x) != os.getpid()]
-        self.pids = self.given + found
-
-    def _send(self, sig: int) -> None:
-        for pid in self.pids:
-            try:
-                os.kill(pid, sig)
-            except ProcessLookupError:  # it ended meanwhile
-                pass
-
-    def __enter__(self):
-        self._resolve()
-        self._send(signal.SIGSTOP)
-        self.since = time.monotonic()
-        return self
-
-    def tick(self) -> None:
-        if self.pids and time.monotonic() - self.since > self.limit:
-            self._send(signal.SIGCONT)
-            time.sleep(1.0)
-            self._resolve()
-            self._send(signal.SIGSTOP)
-            self.since = time.monotonic()
-
-    def __exit__(self, *exc):
-        self._send(signal.SIGCONT)
-
-
-def measure(systems: dict[str, Pass], probes: dict[str, Callable[[], float]], repeats: int, pause: Pause):
-    """Seconds (wall and this process's CPU) per pass of each system, probes beside them, interleaved,
-    after one warm-up pass per system (every shape once) that also gives the logits."""
-    runs = {}
-    for name, fn in systems.items():
-        t0 = time.perf_counter()
-        runs[name] = {"logits": fn(), "seconds": [], "cpu_seconds": [], "warmup_s": time.perf_counter() - t0}
-        print(f"  warm-up {name}: {runs[name]['warmup_s']:.1f}s", flush=True)
-    probe_runs: dict[str, list[float]] = {p: [] for p in probes}
-    load: list[dict] = []
-    names = list(systems) + list(probes)
-    for r in range(repeats):
-        t_rep = time.perf_counter()
-        with pause as pz:
-            for name in names[r % len(names) :] + names[: r % len(names)]:
-                pz.tick()
-                if name in probes:
-                    probe_runs[name].append(probes[name]())
-                    continue
-                t0, c0 = time.perf_counter(), time.process_time()
-                systems[name]()
-                runs[name]["seconds"].append(time.perf_counter() - t0)
-                runs[name]["cpu_seconds"].append(time.process_time() - c0)
-        load.append({"loadavg_1min_after": os.getloadavg()[0], "repeat_s": round(time.perf_counter() - t_rep, 1)})
-        print(
-            f"  repeat {r + 1}/{repeats} ({load[-1]['repeat_s']}s, load {load[-1]['loadavg_1min_after']:.1f}): "
-            + ", ".join(f"{n} {runs[n]['seconds'][-1]:.2f}s" for n in systems)
-            + "; probes "
-            + ", ".join(f"{p} {v[-1]:.0f} GFLOP/s" for p, v in probe_runs.items()),
-            flush=True,
-        )
-    return runs, probe_runs, load
-
-
-def spread(xs: list[float]) -> dict:
-    return {"median": statistics.median(xs), "min": min(xs), "max": max(xs), "all": [round(x, 2) for x in xs]}
 
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", type=Path, default=Path("model/default"))
+    p.add_argument("--model", type=Path, help="checkpoint (default: model/default; --quick: a tiny random one)")
     p.add_argument("--pairs", type=int, default=4000)
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--threads", type=int, default=2)
@@ -355,16 +49,19 @@ def main() -> int:
     p.add_argument("--pause-match", help="SIGSTOP, likewise, the processes whose command line matches (pgrep -f)")
     p.add_argument("--title", help="section title (default: from the ISA)")
     p.add_argument("--skip", action="append", default=[], help="leave out the systems whose name starts so")
-    p.add_argument("--tag", default="", help="suffix of the JSON name and the docs section (e.g. -2threads)")
-    p.add_argument("--render", type=Path, help="only re-render the docs section from this JSON")
-    p.add_argument("--quick", action="store_true", help="smoke run: 256 pairs, 1 repeat, under /tmp/qtrel-bench-quick")
+    p.add_argument("--tag", default="", help="a label kept in the JSON (the table is this kind's at these threads)")
+    p.add_argument("--render", type=Path, help="only re-render the docs table from this JSON")
+    p.add_argument("--quick", action="store_true", help="smoke run: a tiny checkpoint, 64 pairs, 1 repeat, scratch")
     a = p.parse_args()
+    tmp_model = tempfile.TemporaryDirectory(prefix="qtrel-anchors-model-")
     if a.quick:
-        a.pairs, a.repeats, a.probe_seconds = min(a.pairs, 256), 1, 0.3
+        a.pairs, a.repeats, a.probe_seconds = min(a.pairs, 64), 1, 0.1
+        a.model = a.model or tiny_checkpoint(Path(tmp_model.name) / "tiny")
+    a.model = a.model or DEFAULT_MODEL
     if a.render:
         report = json.loads(a.render.read_text())
-        slug = slug_of(report["isa"])
-        update_section(DOCS, f"anchors:{slug}{a.tag}", render(report, a.title or default_title(report["isa"])))
+        text = render(report, a.title or default_title(report["isa"]))
+        update_section(DOCS, name_of(report["threads"]), report.get("kind") or cpu_kind(), text)
         return 0
     torch.set_num_threads(a.threads)
     warnings.filterwarnings("ignore")
@@ -392,10 +89,10 @@ def main() -> int:
     )
 
     short = {"bfloat16": "bf16", "float32": "fp32"}
-    kind = {"onednn-packed": "oneDNN", "fused": "fused, MKL"}  # model.kernels' choice for this CPU and dtype
+    kernel_names = {"onednn-packed": "oneDNN", "fused": "fused, MKL"}  # model.kernels' choice for this CPU and dtype
 
     def kernels(m: RelevanceModel) -> str:
-        return kind.get(m.cpu_kernels, m.cpu_kernels)
+        return kernel_names.get(m.cpu_kernels, m.cpu_kernels)
 
     def attention(m: RelevanceModel) -> str:
         return {"math": ", math attention", "fused": ", fused attention"}.get(m.attention, "")
@@ -454,7 +151,7 @@ def main() -> int:
     if prec == "bfloat16":
         systems["transformers .to(bfloat16) (sdpa)"] = hf_pass(hf_model(a.model, "sdpa").to(torch.bfloat16), batches)
         precision["transformers .to(bfloat16) (sdpa)"] = "bfloat16"
-    versions = {"torch": torch.__version__}
+    versions = {"torch": str(torch.__version__)}
     with tempfile.TemporaryDirectory(prefix="qtrel-anchors-") as tmp:
         work = Path(tmp)
         sample = batches[len(batches) // 2]
@@ -555,13 +252,18 @@ def main() -> int:
         "rows": rows,
         "notes": notes,
         "quick": a.quick,
+        "tag": a.tag,
     }
     text = render(report, a.title or default_title(cpu))
     print("\n" + text)
-    slug = slug_of(cpu) + a.tag
-    md, js = publish("anchors", slug, report, text, a.quick)
-    print(f"\nwrote {js} and the anchors:{slug} section of {md}")
+    publish(name_of(a.threads), report, text, a.quick)
+    tmp_model.cleanup()
     return 0
+
+
+def name_of(threads: int) -> str:
+    """One table per thread count and machine kind: anchors-1thread, anchors-2threads."""
+    return f"anchors-{threads}thread{'s' if threads > 1 else ''}"
 
 
 def load_note(r: dict) -> str:
@@ -578,25 +280,16 @@ def render(r: dict, title: str) -> str:
     lines = [
         f"### Anchors: {title.removeprefix('Anchors: ')} (`bench/anchors.py`)",  # a --title may carry it too
         "",
-        f"Measured {m['date']} with `bench/anchors.py` ({r['pairs']} held-out Home Depot dev pairs, {r['batches']} "
-        f"length-sorted batches of 32, tokenisation not timed, systems and probes interleaved within each repeat, "
-        f"order rotated, {r['repeats']} repeats: median (range)). {r['threads']} thread(s) everywhere (torch, "
-        "ONNX Runtime intra-op, OpenVINO INFERENCE_NUM_THREADS).",
-        "",
-        f"- ISA: {r['isa_line']}",
+        f"- run: {m['date']}, {r['threads']} thread(s), {r['pairs']} dev pairs in {r['batches']} batches, "
+        f"{r['repeats']} repeats (median, range); " + ", ".join(f"{k} {v}" for k, v in r["versions"].items()),
         f"- command: `{r['command']}`",
-        "- versions: " + ", ".join(f"{k} {v}" for k, v in r["versions"].items()),
-        "- matmul probe (bare FFN linears 384→1536→384 on 1024 tokens, best of F.linear and pre-packed oneDNN), "
-        "GFLOP/s: "
+        "- matmul probe, GFLOP/s: "
         + "; ".join(
             f"{k.removeprefix('probe ')} {v['median']:.0f} ({v['min']:.0f}–{v['max']:.0f})" for k, v in pr.items()
-        ),
-        f"- useful FLOPs count real tokens only: {r['useful_gflop_per_pass']:.0f} GFLOP per pass of "
-        f"{r['tokens']} tokens.",
-        f"- load: {load_note(r)}; 1-minute load average after each repeat: "
-        + ", ".join(f"{x['loadavg_1min_after']:.1f}" for x in r["load"])
-        + ". Pairs per CPU-second (this process's user+sys time, OpenMP spin included) is beside the wall-clock "
-        "rate.",
+        )
+        + f"; {r['useful_gflop_per_pass']:.0f} useful GFLOP per pass of {r['tokens']} tokens",
+        f"- load: {load_note(r)}; load average after each repeat: "
+        + ", ".join(f"{x['loadavg_1min_after']:.1f}" for x in r["load"]),
         "",
         "| system | precision | pairs/s | useful GFLOP/s | share of the probe | × best anchor, same precision "
         "(of medians; per repeat: median, range) | pairs per CPU-s | × best anchor per CPU-s |",
@@ -620,7 +313,8 @@ def render(r: dict, title: str) -> str:
         )
     lines.append("")
     for name, why in r["notes"].items():
-        lines.append(f"- {name}: {why}")
+        if name != "OpenVINO" or why.startswith("not measured"):  # its properties stay in the JSON
+            lines.append(f"- {name}: {why}")
     return "\n".join(lines)
 
 

@@ -22,38 +22,42 @@ import time
 import warnings
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
-from anchors import isa, isa_line, native_precision, slug_of, useful_flops
-from model_speed import export_onnx, hf_model, make_batches, read_pairs
-from results import command_line, machine, publish
+from harness.data import DEFAULT_MODEL, make_batches, read_pairs, tiny_checkpoint, useful_flops
+from harness.machine import isa, isa_line, native_precision
+from harness.publish import command_line, machine, publish
+from harness.systems import export_onnx, hf_model, openvino_compiled
 
 from model import fused_attention
-from model.bert import Layer
+from model.engines.packed import PackedLayer
 from model.relevance import RelevanceModel
 
 Step = Callable[[int], object]  # runs batch i
 
 
 def openvino_step(onnx: Path, threads: int, precision: str, feeds: list[dict]) -> tuple[Step, str]:
-    import openvino as ov
-
-    core = ov.Core()
-    hint = {"bfloat16": "bf16", "float32": "f32"}[precision]
-    cfg = {"PERFORMANCE_HINT": "LATENCY", "INFERENCE_PRECISION_HINT": hint, "INFERENCE_NUM_THREADS": threads}
-    req = core.compile_model(core.read_model(str(onnx)), "CPU", cfg).create_infer_request()
-    return (lambda i: req.infer(feeds[i])), ov.__version__
+    compiled, version = openvino_compiled(onnx, threads, precision, "LATENCY")
+    req = compiled.create_infer_request()
+    return (lambda i: req.infer(feeds[i])), version
 
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", type=Path, default=Path("model/default"))
+    p.add_argument("--model", type=Path, help="checkpoint (default: model/default; --quick: a tiny random one)")
     p.add_argument("--pairs", type=int, default=1000)
     p.add_argument("--repeats", type=int, default=8)
     p.add_argument("--threads", type=int, default=1)
-    p.add_argument("--tag", default="")
+    p.add_argument("--tag", default="", help="a label kept in the JSON (the table is this kind's at these threads)")
+    p.add_argument("--quick", action="store_true", help="smoke run: a tiny checkpoint, 64 pairs, 1 repeat, scratch")
     a = p.parse_args()
+    tmp_model = tempfile.TemporaryDirectory(prefix="qtrel-batch-ab-model-")
+    if a.quick:
+        a.pairs, a.repeats = min(a.pairs, 64), 1
+        a.model = a.model or tiny_checkpoint(Path(tmp_model.name) / "tiny")
+    a.model = a.model or DEFAULT_MODEL
     torch.set_num_threads(a.threads)
     warnings.filterwarnings("ignore")
     cpu = isa()
@@ -107,10 +111,10 @@ def main() -> int:
     if m.fused_norm:  # torch's residual adds and LayerNorms in the same forward: the fused norm's share here
         plain_norms = load()
         for x in plain_norms.module.modules():
-            if isinstance(x, Layer):
+            if isinstance(x, PackedLayer):
                 x.fused_norm = False
         steps[f"qtrel default, torch's add + LayerNorm ({short})"] = qtrel(plain_norms)
-    versions = {"torch": torch.__version__}
+    versions = {"torch": str(torch.__version__)}
     anchor = None
     with tempfile.TemporaryDirectory(prefix="qtrel-batch-ab-") as tmp:
         onnx = export_onnx(hf_model(a.model, "eager"), batches[len(batches) // 2], Path(tmp) / "m.onnx", dynamo=False)
@@ -140,7 +144,7 @@ def main() -> int:
                 print(f"  repeat {r + 1}/{a.repeats}: {time.perf_counter() - t_rep:.1f}s", flush=True)
 
     flops = useful_flops(m.cfg, enc.lengths)
-    rows = []
+    rows: list[dict[str, Any]] = []
     for n in names:
         quiet = times[n].min(axis=0).sum()
         totals = times[n].sum(axis=1)
@@ -157,8 +161,8 @@ def main() -> int:
             }
         )
     quiet_anchor = next(r["quiet_pairs_per_s"] for r in rows if r["system"] == anchor)
-    for r in rows:
-        r["quiet_x_anchor"] = r["quiet_pairs_per_s"] / quiet_anchor
+    for row in rows:
+        row["quiet_x_anchor"] = row["quiet_pairs_per_s"] / quiet_anchor
     report = {
         "isa": cpu,
         "machine": machine(),
@@ -173,18 +177,18 @@ def main() -> int:
     }
     md = render(report)
     print(md)
-    publish("batch_ab", f"{slug_of(cpu)}{a.tag}", report, md, quick=False)
+    publish(f"batch_ab-{a.threads}thread{'s' if a.threads > 1 else ''}", report | {"tag": a.tag}, md, a.quick)
+    tmp_model.cleanup()
     return 0
 
 
 def render(r: dict) -> str:
     lines = [
-        f"### Batch-interleaved A/B: {r['machine']['cpu']} (`bench/batch_ab.py`, {r['machine']['date']})",
+        f"### Batch-interleaved A/B, {r['threads']} thread(s): {r['machine']['cpu']} (`bench/batch_ab.py`, "
+        f"{r['machine']['date']})",
         "",
-        f"{r['pairs']} held-out dev pairs, {r['batches']} length-sorted batches of 32, {r['threads']} thread(s), "
-        f"{r['repeats']} repeats; every system runs batch i before any runs batch i + 1. Quiet: per batch the "
-        f"fastest repeat, summed. Paired: per repeat, the anchor's time over the system's on the same batches, "
-        f"median (range). Anchor: {r['anchor']}.",
+        f"{r['pairs']} dev pairs, {r['batches']} batches of 32, {r['threads']} thread(s), {r['repeats']} repeats. "
+        f"Anchor: {r['anchor']}.",
         "",
         f"- ISA: {isa_line(r['isa'])}",
         f"- command: `{r['command']}`",

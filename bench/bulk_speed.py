@@ -7,7 +7,7 @@ so the ratio is what the file handling costs. The machine is shared, so the rati
 pairs/s.
 
   python bench/bulk_speed.py                          # Home Depot dev, built-in default model, into docs/benchmarks.md
-  python bench/bulk_speed.py --pairs 500 --repeats 1 --quick
+  python bench/bulk_speed.py --quick         # smoke run: a tiny checkpoint, into a scratch folder
 """
 
 from __future__ import annotations
@@ -20,7 +20,9 @@ import time
 from pathlib import Path
 
 import torch
-from results import DEV, command_line, machine, machine_lines, output_paths, update_section, write_json
+from harness.data import DEFAULT_MODEL, tiny_checkpoint
+from harness.machine import default_title, isa
+from harness.publish import DEV, command_line, machine, machine_lines, publish
 
 from model.bulk.io import CsvSink, CsvSource, Scores
 from model.bulk.score import ScoreOptions, score_file, score_pairs
@@ -28,22 +30,22 @@ from model.relevance import RelevanceModel
 
 OPTIONS = ScoreOptions(prefix="pred_", overwrite=True)
 
-ROOT = Path(__file__).resolve().parent.parent
-
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", type=Path, default=ROOT / "model" / "default", help="checkpoint (default: built-in)")
+    p.add_argument("--model", type=Path, default=DEFAULT_MODEL, help="checkpoint (default: built-in)")
     p.add_argument("--data", type=Path, default=DEV)
     p.add_argument("--pairs", type=int, default=0, help="first N pairs of the file (0: all)")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--quick", action="store_true", help="results under /tmp/qtrel-bench-quick")
+    p.add_argument("--quick", action="store_true", help="smoke run: a tiny checkpoint, 200 pairs, 1 repeat, scratch")
     a = p.parse_args()
     torch.set_num_threads(a.threads)
-    model = RelevanceModel.load(a.model)  # fast=True
-    model.warm_up()
     with tempfile.TemporaryDirectory(prefix="qtrel-bulk-") as tmp:
+        if a.quick:
+            a.model, a.pairs, a.repeats = tiny_checkpoint(Path(tmp) / "tiny"), 200, 1
+        model = RelevanceModel.load(a.model)  # fast=True
+        model.warm_up()
         src = Path(tmp) / "in.csv"
         with a.data.open(encoding="utf-8") as f:
             lines = f.readlines()
@@ -94,15 +96,26 @@ def main() -> int:
               "ratio_vs_predict": {k: v / base for k, v in pps.items()}, "best_pairs_per_s": best,
               "best_ratio_vs_predict": {k: v / best_base for k, v in best.items()}, "file_handling_seconds": io,
               "file_handling_pairs_per_s": io_pps, "max_abs_score_diff": diff}  # fmt: skip
+    report["title"] = default_title(isa())
+    text = render(report)
+    print("\n" + text)
+    publish("bulk_speed", report, text, a.quick)
+    return 0
+
+
+def render(r: dict) -> str:
+    pps, best = r["pairs_per_s"], r["best_pairs_per_s"]
+    base, best_base = pps["RelevanceModel.predict"], best["RelevanceModel.predict"]
+    io_pps, n = r["file_handling_pairs_per_s"], r["pairs"]
     lines_md = [
-        "## Bulk scoring (`bench/bulk_speed.py`)",
+        f"### Bulk scoring: {r.get('title') or r['machine']['cpu']} (`bench/bulk_speed.py`)",
         "",
         f"`qtrel score` (model.bulk.score_file: read the CSV, tokenise per chunk, length-sorted batches of at most "
         f"8192 padded tokens, write the output) against `RelevanceModel.predict` on the same {n} pairs in memory, "
-        f"one loaded model (fast path), {a.threads} torch threads, interleaved (order rotated per repeat), median "
-        f"and best of {a.repeats} repeats. The machine is shared with other work: read the ratios, not the pairs/s.",
+        f"one loaded model (fast path), {r['threads']} torch threads, interleaved (order rotated per repeat), median "
+        f"and best of {r['repeats']} repeats. The machine is shared with other work: read the ratios, not the pairs/s.",
         "",
-        *machine_lines(report["machine"], report["command"]),
+        *machine_lines(r["machine"], r["command"]),
         "",
         "| system | pairs/s (median) | x predict | pairs/s (best) | x predict |",
         "|---|---:|---:|---:|---:|",
@@ -110,18 +123,13 @@ def main() -> int:
         "",
         f"File handling alone (read and check the CSV, write the rows with their scores; no tokeniser, no model): "
         f"{io_pps:.0f} pairs/s, i.e. {100 * best_base / io_pps:.1f}% of the time predict takes for the same pairs.",
-        f"Largest difference of the expected level between the two: {diff:.1e} (chunks form other batches).",
+        f"Largest difference of the expected level between the two: {r['max_abs_score_diff']:.1e} (chunks form "
+        "other batches).",
         "",
         "On a busy machine the medians swing between repeats; the best-of columns and the file-handling line "
         "are the steadier reading.",
     ]
-    text = "\n".join(lines_md)
-    print("\n" + text)
-    md, js = output_paths("bulk_speed", a.quick)
-    write_json(js, report)
-    update_section(md, "bulk_speed", text)
-    print(f"\nwrote {js} and the bulk_speed section of {md}")
-    return 0
+    return "\n".join(lines_md)
 
 
 if __name__ == "__main__":

@@ -11,6 +11,7 @@ result is the median of the per-round ratios, working tree ÷ base.
 
     python bench/code_ab.py --base HEAD~1 [--rounds 6] [--seconds 12]
     python bench/code_ab.py --base-env QTREL_FAST_LANE=false --open-rate 400
+    python bench/code_ab.py --quick     # smoke run: the working tree against itself, a tiny checkpoint, 1 round
 """
 
 from __future__ import annotations
@@ -25,20 +26,11 @@ import tempfile
 import time
 from pathlib import Path
 
-from anchors import isa, isa_line
-from load import (
-    Http,
-    Server,
-    closed_loop,
-    free_port,
-    one_pair_bodies,
-    open_loop,
-    own_cpu_seconds,
-    qtrel_command,
-    read_dev,
-    tree,
-)
-from results import ROOT, machine, machine_lines
+from harness.clients import Http, closed_loop, open_loop
+from harness.data import one_pair_bodies, read_dev, tiny_checkpoint
+from harness.machine import isa, isa_line
+from harness.publish import ROOT, machine, machine_lines
+from harness.server import Server, free_port, own_cpu_seconds, qtrel_command, tree
 
 from model.builtin import builtin_dir
 
@@ -85,7 +77,7 @@ def worktree(rev: str, into: Path) -> Path:
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    base = p.add_mutually_exclusive_group(required=True)
+    base = p.add_mutually_exclusive_group()
     base.add_argument("--base", help="git revision to compare the working tree against")
     base.add_argument(
         "--base-env", action="append", metavar="KEY=VALUE", help="the base is the working tree with this setting"
@@ -97,10 +89,17 @@ def main() -> int:
     p.add_argument("--warmup", type=float, default=5.0)
     p.add_argument("--clients", type=int, default=64)
     p.add_argument("--pairs", type=int, default=7206)
+    p.add_argument("--quick", action="store_true", help="smoke run: a tiny checkpoint, 1 round of 1 s, 64 pairs")
     a = p.parse_args()
-    bodies, _ = one_pair_bodies(read_dev(), a.pairs)
+    if not (a.base or a.base_env or a.quick):
+        p.error("one of --base or --base-env is required")
+    a.base_env = a.base_env or []  # --quick alone: the working tree against itself
+    bodies, _ = one_pair_bodies(read_dev(), 64 if a.quick else a.pairs)
     results: dict[str, list[dict]] = {"base": [], "tree": []}
     with tempfile.TemporaryDirectory() as tmp:
+        if a.quick:
+            a.rounds, a.seconds, a.warmup = 1, 1.0, 0.3
+            a.model = str(tiny_checkpoint(Path(tmp) / "tiny"))
         base_dir = worktree(a.base, Path(tmp) / "base") if a.base else None
         try:
             if base_dir is not None:  # the base's packages first on the path; the tree is the installed one

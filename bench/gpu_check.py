@@ -1,9 +1,9 @@
 """qtrel's CUDA path on a real GPU, in one short run (issue 24): correctness against the CPU's float32
 forward, offline throughput beside transformers, and `qtrel serve` under load. Results go to --out as
-gpu_check.json and gpu_check.md (a section for docs/benchmarks.md).
+gpu_check.json and gpu_check.md, and on a GPU into the GPU kind's table of docs/benchmarks.md.
 
-  python bench/gpu_check.py --out DIR                       # on the GPU machine (bench/gpu_check.sh)
-  python bench/gpu_check.py --out DIR --device cpu --quick  # dry run here: every step but the GPU
+  python bench/gpu_check.py --out DIR      # on the GPU machine (bench/gpu_check.sh)
+  python bench/gpu_check.py --quick        # dry run without a GPU: every step on the CPU, a tiny checkpoint
 
 - correctness: the CPU's plain float32 forward is the reference. On the device: float32 logits within 1e-4,
   float16 and bfloat16 levels on dev pairs (target >= 99.5% the same), a head mask and a pruned module.
@@ -31,10 +31,12 @@ import time
 import urllib.request
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 import torch
-from anchors import useful_flops
-from model_speed import base_checkpoint
+from harness.data import DEFAULT_MODEL, base_checkpoint, tiny_checkpoint, useful_flops
+from harness.machine import gpu_kind
+from harness.publish import publish, quick_dir
 
 from model.checkpoint import load_module
 from model.packing import pad_batch
@@ -51,7 +53,7 @@ def sync(dev: str) -> None:
 
 
 def environment(dev: str) -> dict:
-    out = {"torch": torch.__version__, "device": dev, "python": sys.version.split()[0]}
+    out: dict[str, Any] = {"torch": torch.__version__, "device": dev, "python": sys.version.split()[0]}
     if dev.startswith("cuda"):
         p = torch.cuda.get_device_properties(0)
         out |= {"gpu": p.name, "capability": f"{p.major}.{p.minor}", "memory_gib": round(p.total_memory / 2**30, 1)}
@@ -175,7 +177,7 @@ def offline(label: str, path: Path, dev: str, pairs, dtypes: list[str], reps: in
         m = RelevanceModel.load(path, device=dev, dtype=dt)
         enc = m.encode(pairs)
         flops = useful_flops(m.cfg, enc.lengths)
-        hf = BertForSequenceClassification.from_pretrained(str(path), attn_implementation="sdpa")
+        hf: Any = BertForSequenceClassification.from_pretrained(str(path), attn_implementation="sdpa")
         hf = hf.to(device=dev, dtype=getattr(torch, dt)).eval()
         for budget in budgets:
             t_q, t_m, t_h, nb = budget_row(m, hf, enc, budget, dev, reps)
@@ -288,7 +290,7 @@ def render(r: dict) -> str:
     c = r["correctness"]
     lines += [
         "",
-        f"- head mask ({c['heads_silenced']} heads silenced), float32, 512 pairs: max abs diff "
+        f"- head mask ({c.get('heads_silenced', 'some')} heads silenced), float32, 512 pairs: max abs diff "
         f"{c['head_mask_max_abs_diff']:.2e} "
         f"(the mask itself moves logits by up to {c['head_mask_changes_logits']:.3f})",
         f"- pruned module ({c['pruned_heads']} heads removed), float32: max abs diff {c['pruned_max_abs_diff']:.2e}",
@@ -331,16 +333,23 @@ def render(r: dict) -> str:
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--out", type=Path, required=True)
-    p.add_argument("--device", default="cuda")
-    p.add_argument("--model", type=Path, default=ROOT / "model" / "default")
+    p.add_argument("--out", type=Path, help="folder of the run's files (default: the scratch folder)")
+    p.add_argument("--device", help="default: cuda where torch sees a GPU, else cpu (a dry run)")
+    p.add_argument("--model", type=Path, help="checkpoint (default: model/default; --quick: a tiny random one)")
     p.add_argument("--dev", type=Path, default=ROOT.parent / "shared" / "data" / "homedepot" / "dev.csv")
     p.add_argument("--quick", action="store_true", help="dry run: few pairs, one budget, a 1-layer base model")
     p.add_argument("--seconds", type=float, default=10.0, help="measured seconds per serving scenario")
     p.add_argument("--no-serve", action="store_true")
     a = p.parse_args()
+    a.out = a.out or quick_dir() / "gpu_check"
     a.out.mkdir(parents=True, exist_ok=True)
-    dev = a.device
+    dev = a.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    scratch = tempfile.TemporaryDirectory(prefix="qtrel-gpu-model-")
+    if a.quick and a.model is None:
+        # MiniLM's 6 layers and 12 heads, which the head-mask and pruning checks address, at hidden 48
+        shape = dict(num_hidden_layers=6, num_attention_heads=12, hidden_size=48, intermediate_size=96)
+        a.model = tiny_checkpoint(Path(scratch.name) / "tiny", **shape)
+    a.model = a.model or DEFAULT_MODEL
     gpu = dev.startswith("cuda")
     n = 256 if a.quick else 7206
     with a.dev.open(encoding="utf-8") as f:
@@ -373,6 +382,9 @@ def main() -> int:
     (a.out / "gpu_check.json").write_text(json.dumps(r, indent=1) + "\n")
     (a.out / "gpu_check.md").write_text(render(r))
     print(render(r))
+    if gpu:  # a dry run on the CPU publishes nothing
+        publish("gpu_check", r, render(r), a.quick, kind=gpu_kind(torch.cuda.get_device_name()))
+    scratch.cleanup()
     return 0
 
 

@@ -6,7 +6,7 @@ Starts `qtrel serve --model DIR` as a subprocess (or targets --url, loopback onl
   (b) 8 clients, one query x 50 titles per request (real dev queries with their titles, then other dev
       titles up to 50, all distinct);
   (c) an open-loop Poisson arrival schedule of one-pair requests at 70% of (a)'s throughput;
-  (d) scenario (a) against bench/naive_server.py (transformers, one forward per request);
+  (d) scenario (a) against bench/harness/naive_server.py (transformers, one forward per request);
   (e) scenario (a) against Infinity (`bench/infinity_anchor.py`) in the same precision, where it is
       installed: started beside qtrel and interleaved with (a) over --anchor-rounds rounds.
 Each scenario runs --warmup then --seconds; only the window after the warm-up counts. The offline
@@ -21,26 +21,22 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import csv
-import ipaddress
 import json
 import os
-import random
-import signal
-import socket
 import statistics
-import subprocess
 import sys
 import tempfile
-import time
-import urllib.error
 import urllib.request
-from itertools import cycle
 from pathlib import Path
 from urllib.parse import urlsplit
 
-import infinity_anchor
-from results import DEV, ROOT, command_line, machine, machine_lines, output_paths, update_section, verdict, write_json
+from harness import infinity as infinity_anchor
+from harness.clients import Http, scenario
+from harness.data import Body, one_pair_bodies, query_bodies, read_dev, tiny_checkpoint
+from harness.machine import default_title, isa
+from harness.offline import offline_pairs_per_s
+from harness.publish import command_line, machine, machine_lines, publish, verdict
+from harness.server import Server, free_port, loopback_url, qtrel_command
 
 # vs_infinity and p50_ms: issue 20 (64 one-pair clients >= 4x Infinity in the same run and precision, p50 <= 100 ms)
 TARGETS = {"vs_offline": 0.85, "p99_over_p50": 3.0, "vs_naive": 3.0, "vs_infinity": 4.0, "p50_ms": 100.0}
@@ -49,380 +45,15 @@ INFINITY = (
     f"Infinity anchor, measured elsewhere and not re-run here: ~{INFINITY_PAIRS_PER_S:.0f} pairs/s, "
     "p50 ~540 ms, p99 ~850 ms for 64 one-pair clients."
 )
-Body = tuple[bytes, int]  # JSON request body, pairs in it
-
-
-def loopback_url(url: str) -> str:
-    host = urlsplit(url).hostname or ""
-    try:
-        ok = host == "localhost" or ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        ok = False
-    if not ok:
-        raise SystemExit(f"refusing {url!r}: this load generator only targets loopback addresses")
-    return url.rstrip("/")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 # --- workload ------------------------------------------------------------------------------------
-def read_dev() -> list[dict]:
-    with DEV.open(encoding="utf-8") as f:
-        return list(csv.DictReader(f))
-
-
-def one_pair_bodies(rows: list[dict], n: int) -> tuple[list[Body], list[tuple[str, str]]]:
-    pairs = [(r["query"], r["title"]) for r in rows[:n]]
-    bodies = [(json.dumps({"pairs": [{"query": q, "title": t}], "return_probs": False}).encode(), 1) for q, t in pairs]
-    return bodies, pairs
-
-
-def query_bodies(rows: list[dict], n_queries: int, n_titles: int) -> tuple[list[Body], list[tuple[str, str]]]:
-    """One body per dev query: its own titles, then other dev titles up to n_titles, all distinct (the
-    server computes a repeated pair once, so repeats would measure its dedup, not the forward path)."""
-    by_query: dict[str, list[str]] = {}
-    for r in rows:
-        by_query.setdefault(r["query"], []).append(r["title"])
-    pool = list(dict.fromkeys(r["title"] for r in rows))
-    bodies, pairs = [], []
-    for i, (q, own) in enumerate(list(by_query.items())[:n_queries]):
-        titles = list(dict.fromkeys(own))
-        others = (t for t in pool[i * n_titles :] + pool if t not in titles)
-        titles += [t for t, _ in zip(others, range(n_titles - len(titles)))]
-        titles = titles[:n_titles]
-        bodies.append((json.dumps({"query": q, "titles": titles, "return_probs": False}).encode(), n_titles))
-        pairs += [(q, t) for t in titles]
-    return bodies, pairs
-
-
-def _offline_share(model_dir: str, dtype: str, threads: int, pairs: list, repeats: int, start, out) -> None:
-    """One offline process: load, warm up, wait for the others, then time predict `repeats` times."""
-    import torch
-
-    from model.relevance import RelevanceModel
-
-    torch.set_num_threads(threads)
-    m = RelevanceModel.load(model_dir, dtype=dtype)
-    m.predict(pairs)
-    start.wait()
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        m.predict(pairs)
-        times.append(time.perf_counter() - t0)
-    out.put(times)
-
-
-def offline_pairs_per_s(
-    model_dir: Path, pair_sets: dict[str, list], cores: int, repeats: int, dtype: str = "auto"
-) -> tuple[dict, dict]:
-    """RelevanceModel.predict over each pair set (length-sorted, 8192-token batches), laid out two ways
-    on the same cores: one process with `cores` torch threads, and `cores` single-thread processes each
-    scoring its share at the same time. The reference is the faster of the two, per pair set.
-    Returns ({set: best pairs/s}, {set: {layout: pairs/s}})."""
-    import multiprocessing as mp
-
-    import torch
-
-    from model.device import resolve_dtype
-    from model.parallel import plan
-
-    dtype = resolve_dtype(dtype, torch.device("cpu"))
-    print(f"offline: {dtype}")
-    ctx = mp.get_context("spawn")
-    best, layouts = {}, {}
-    for name, pairs in pair_sets.items():
-        layouts[name] = {}
-        for procs, threads in ((1, cores), (cores, 1)) if cores > 1 else ((1, 1),):
-            start, out = ctx.Barrier(procs), ctx.Queue()
-            shares = [pairs[i::procs] for i in range(procs)]
-            workers = [
-                ctx.Process(target=_offline_share, args=(str(model_dir), dtype, threads, share, repeats, start, out))
-                for share in shares
-            ]
-            for w in workers:
-                w.start()
-            times = [out.get() for _ in workers]
-            for w in workers:
-                w.join()
-            # repeat r ends when its slowest process ends; median over repeats
-            wall = statistics.median(max(t[r] for t in times) for r in range(repeats))
-            layout = f"{procs} process{'es' if procs > 1 else ''} x {threads} thread{'s' if threads > 1 else ''}"
-            if plan(threads)[0] > 1:  # predict forwards its batches on workers (model.parallel)
-                layout += f" ({plan(threads)[0]} forward workers)"
-            layouts[name][layout] = len(pairs) / wall
-            print(f"offline {name}, {layout}: {layouts[name][layout]:.0f} pairs/s over {len(pairs)} pairs")
-        best[name] = max(layouts[name].values())
-    return best, layouts
 
 
 # --- HTTP client ---------------------------------------------------------------------------------
-class Http:
-    """aiohttp when installed (lighter on the CPU the server also needs), else httpx."""
-
-    def __init__(self, connections: int):
-        self.connections = connections
-        try:
-            import aiohttp  # noqa: F401
-
-            self.kind = "aiohttp"
-        except ImportError:
-            self.kind = "httpx"
-            print(
-                "warning: aiohttp not installed, using httpx, which takes about a core at 64 clients and becomes the"
-                " bottleneck on 2 cores (pip install -e '.[bench]')",
-                file=sys.stderr,
-            )
-
-    async def __aenter__(self) -> Http:
-        if self.kind == "aiohttp":
-            import aiohttp
-
-            self.s = aiohttp.ClientSession(
-                connector=aiohttp.TCPConnector(limit=self.connections), timeout=aiohttp.ClientTimeout(total=120)
-            )
-        else:
-            import httpx
-
-            limits = httpx.Limits(max_connections=self.connections, max_keepalive_connections=self.connections)
-            self.s = httpx.AsyncClient(limits=limits, timeout=120)
-        return self
-
-    async def __aexit__(self, *exc) -> None:
-        await (self.s.close() if self.kind == "aiohttp" else self.s.aclose())
-
-    async def post(self, url: str, body: bytes) -> int:
-        headers = {"content-type": "application/json"}
-        if self.kind == "aiohttp":
-            async with self.s.post(url, data=body, headers=headers) as r:
-                await r.read()
-                return r.status
-        return (await self.s.post(url, content=body, headers=headers)).status_code
-
-    async def get_text(self, url: str) -> str:
-        if self.kind == "aiohttp":
-            async with self.s.get(url) as r:
-                return await r.text()
-        return (await self.s.get(url)).text
-
-
-async def send(http: Http, url: str, body: Body, t_ref: float, records: list) -> None:
-    """One request; records (reference time, end, pairs, status). The open loop's reference time is the
-    scheduled arrival, so time spent waiting on the client side counts as latency."""
-    try:
-        status = await http.post(url, body[0])
-    except Exception as e:  # a failed request is a result, not a crash of the run
-        status = type(e).__name__
-    records.append((t_ref, time.perf_counter(), body[1], status))
-
-
-async def closed_loop(http: Http, url: str, bodies: list[Body], clients: int, end: float) -> list:
-    records: list = []
-    it = cycle(bodies)
-
-    async def client() -> None:
-        while (now := time.perf_counter()) < end:
-            await send(http, url, next(it), now, records)
-
-    await asyncio.gather(*(client() for _ in range(clients)))
-    return records
-
-
-async def open_loop(http: Http, url: str, bodies: list[Body], rate: float, end: float, cap: int) -> list:
-    """Poisson arrivals at `rate` requests/s until `end`; at most `cap` in flight (beyond: counted, not sent)."""
-    records: list = []
-    rng, it, tasks = random.Random(0), cycle(bodies), set()
-    t = time.perf_counter()
-    while (t := t + rng.expovariate(rate)) < end:
-        await asyncio.sleep(max(0.0, t - time.perf_counter()))
-        if len(tasks) >= cap:
-            records.append((t, t, 1, "client cap"))
-            continue
-        task = asyncio.create_task(send(http, url, next(it), t, records))
-        tasks.add(task)
-        task.add_done_callback(tasks.discard)
-    await asyncio.gather(*tasks)
-    return records
-
-
-def metrics_of(text: str) -> dict[str, float]:
-    """The samples of a Prometheus text page by name, summed over their labels (the batch metrics carry a
-    `model` label since the server serves several models)."""
-    out: dict[str, float] = {}
-    for line in text.splitlines():
-        if line.startswith("#") or not line.strip():
-            continue
-        name, value = line.split("{", 1)[0].split()[0], line.rsplit(None, 1)[-1]
-        try:
-            out[name] = out.get(name, 0.0) + float(value)
-        except ValueError:
-            continue
-    return out
-
-
-def tree(root: int) -> list[tuple[int, int]]:
-    """(pid, parent pid) of `root` and of all its descendants: qtrel's model processes are grandchildren
-    (forked by the template's fork server, a child of the HTTP process)."""
-    parents: dict[int, int] = {}
-    for d in Path("/proc").iterdir():
-        if d.name.isdigit():
-            try:
-                parents[int(d.name)] = int((d / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            except (OSError, ValueError, IndexError):
-                continue
-    out, todo = [(root, parents.get(root, 0))], [root]
-    while todo:
-        p = todo.pop()
-        kids = sorted(c for c, pp in parents.items() if pp == p)
-        out += [(c, p) for c in kids]
-        todo += kids
-    return out
-
-
-def own_cpu_seconds(pid: int) -> float:
-    """CPU time of one live process (utime + stime); 0 once it has gone."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except (FileNotFoundError, ProcessLookupError):
-        return 0.0
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def cpu_seconds(pid: int) -> float:
-    """CPU time of a process and every live process below it (the fork server and the model processes)."""
-    return sum(own_cpu_seconds(p) for p, _ in tree(pid))
-
-
-async def scenario(
-    name: str,
-    base: str,
-    bodies: list[Body],
-    a,
-    server_pid: int | None,
-    *,
-    clients: int = 0,
-    rate: float = 0.0,
-    metrics: bool = True,
-    path: str = "/score",
-) -> dict:
-    """Run one scenario: closed loop with `clients`, or open loop at `rate`; summarise its window."""
-    async with Http(clients or 512) as http, Http(1) as control:  # scrapes never wait behind the load
-        t0 = time.perf_counter()
-        start, end = t0 + a.warmup, t0 + a.warmup + a.seconds
-        run = (
-            closed_loop(http, base + path, bodies, clients, end)
-            if clients
-            else open_loop(http, base + path, bodies, rate, end, 512)
-        )
-        task = asyncio.ensure_future(run)
-        await asyncio.sleep(a.warmup)
-        cpu0 = (time.process_time(), cpu_seconds(server_pid) if server_pid else 0.0)
-        before = metrics_of(await control.get_text(base + "/metrics")) if metrics else {}
-        records = await task
-        wall = time.perf_counter() - start
-        cpu = (time.process_time() - cpu0[0], (cpu_seconds(server_pid) - cpu0[1]) if server_pid else None)
-        after = metrics_of(await control.get_text(base + "/metrics")) if metrics else {}
-    done = [r for r in records if r[3] == 200 and start <= r[1] <= end]
-    lat = sorted(1000 * (r[1] - r[0]) for r in records if r[3] == 200 and start <= r[0] < end)
-    errors: dict[str, int] = {}
-    for r in records:
-        if r[3] != 200 and start <= r[0] < end:
-            errors[str(r[3])] = errors.get(str(r[3]), 0) + 1
-    q = statistics.quantiles(lat, n=100, method="inclusive") if len(lat) > 1 else [float("nan")] * 99
-    out = {
-        "name": name,
-        "clients": clients or None,
-        "target_rate": rate or None,
-        "pairs_per_s": sum(r[2] for r in done) / a.seconds,
-        "requests_per_s": len(done) / a.seconds,
-        "requests": len(lat),
-        "p50_ms": q[49],
-        "p95_ms": q[94],
-        "p99_ms": q[98],
-        "errors": errors,
-        "client_cpu_s": cpu[0],
-        "server_cpu_s": cpu[1],
-        "client_cores": cpu[0] / wall,
-        "server_cores": None if cpu[1] is None else cpu[1] / wall,
-    }
-    if metrics:
-        d = {k: after.get(k, 0.0) - before.get(k, 0.0) for k in after}
-        n = d.get("qtrel_batch_pairs_count", 0.0)
-        out["mean_padding"] = d.get("qtrel_batch_padding_ratio_sum", 0.0) / n if n else None
-        out["mean_batch_pairs"] = d.get("qtrel_batch_pairs_sum", 0.0) / n if n else None
-    print(
-        f"{name}: {out['pairs_per_s']:.0f} pairs/s, p50 {out['p50_ms']:.0f} ms, p99 {out['p99_ms']:.0f} ms, "
-        f"errors {errors or 0}"
-    )
-    return out
 
 
 # --- servers -------------------------------------------------------------------------------------
-class Server:
-    """A server subprocess: started, polled until ready, stopped with SIGTERM (it drains, then exits)."""
-
-    def __init__(
-        self, cmd: list[str], url: str, ready_path: str, log: Path, timeout: float, env: dict[str, str] | None = None
-    ):
-        self.cmd, self.url, self.ready_path, self.log, self.timeout = cmd, url, ready_path, log, timeout
-        self.env = env
-
-    def __enter__(self) -> Server:
-        self.proc = subprocess.Popen(
-            self.cmd, stdout=self.log.open("wb"), stderr=subprocess.STDOUT, cwd=ROOT, env=self.env
-        )
-        deadline = time.monotonic() + self.timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise SystemExit(f"{self.cmd[0]} exited with {self.proc.returncode}:\n{self.tail()}")
-            try:
-                with urllib.request.urlopen(self.url + self.ready_path, timeout=2) as r:
-                    if r.status == 200:
-                        return self
-            except (urllib.error.URLError, ConnectionError, TimeoutError):
-                pass
-            time.sleep(0.25)
-        self.__exit__()
-        raise SystemExit(f"{self.url} not ready after {self.timeout:.0f}s:\n{self.tail()}")
-
-    def __exit__(self, *exc) -> None:
-        self.proc.send_signal(signal.SIGTERM)
-        try:
-            self.proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-
-    def tail(self) -> str:
-        return "\n".join(self.log.read_text(errors="replace").splitlines()[-20:])
-
-
-def qtrel_command(model_dir: Path, port: int, dtype: str = "auto", extra: list[str] | None = None) -> list[str]:
-    """`qtrel serve` with its default layout of model processes and threads unless `extra` says otherwise, and
-    the score cache off: these loads replay the same bodies window after window, so with the cache they
-    would measure its hits, not the forward path (bench/cache_replay.py measures the cache)."""
-    exe = Path(sys.executable).with_name("qtrel")
-    return [
-        str(exe) if exe.exists() else "qtrel",
-        "serve",
-        "--model",
-        str(model_dir),
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(port),
-        "--dtype",
-        dtype,
-        "--log-level",
-        "warning",
-        "--cache-mb",
-        "0",
-        *(extra or []),
-    ]
 
 
 # --- report --------------------------------------------------------------------------------------
@@ -447,23 +78,22 @@ def inference_text(inference: dict | None) -> str:
     return f"inference {inference['inference']} ({inference.get('inference_reason')}), "
 
 
+# notes every run makes (kept in the JSON; docs/benchmarks.md says them once, above the tables)
+STANDING_NOTES = ("Pools:", "(c) latency is measured", "(d) answers each request", "Client and server share", "(e) ")
+
+
 def render(r: dict) -> str:
     lines = [
-        f"{'###' if r.get('title') else '##'} Serving under load (`bench/load.py`){r.get('title', '')}",
+        f"### Serving under load: {r['title']} (`bench/load.py`)",
         "",
-        f"`qtrel serve` (dtype {r.get('dtype', 'auto')}, {worker_text(r.get('server_worker'))}, "
-        f"{inference_text(r.get('server_inference'))}default batching settings) on loopback, driven from "
-        f"a separate client process ({r['http_client']}); each scenario {r['warmup']:g} s warm-up + {r['seconds']:g} "
-        "s measured. Latency per request; padding and batch size from the server's /metrics over the window. "
-        "Offline = RelevanceModel.predict on the same pairs in this run (length-sorted, 8192-token batches) on the "
-        f"same {r['cores']} cores, the faster of two layouts: "
+        *machine_lines(r["machine"], r["command"]),
+        f"- server: dtype {r.get('dtype', 'auto')}, {worker_text(r.get('server_worker'))}, "
+        f"{inference_text(r.get('server_inference'))}client {r['http_client']}, {r['warmup']:g} s warm-up + "
+        f"{r['seconds']:g} s per scenario; offline on {r['cores']} cores, pairs/s: "
         + "; ".join(
             f"{name}: " + ", ".join(f"{k} {v:.0f}" for k, v in lay.items())
             for name, lay in r.get("offline_layouts", {}).items()
-        )
-        + " pairs/s.",
-        "",
-        *machine_lines(r["machine"], r["command"]),
+        ),
         f"- model: `{r['model']}`; server: {r['server']}",
         "",
         "| scenario | pairs/s | offline pairs/s | % of offline | p50 ms | p95 ms | p99 ms | mean batch pairs "
@@ -480,7 +110,10 @@ def render(r: dict) -> str:
             f"{fmt(s.get('mean_padding'), '.2f')} | {cores} | {s['errors'] or 0} |"
         )
     lines += [""] + [f"- {verdict(t['pass'])}: {t['target']}" for t in r["targets"]]
-    lines += ["", *[f"- {n}" for n in r["notes"]]]
+    if "infinity_server" in r:
+        inf = r["infinity_server"]
+        lines.append(f"- (e): {inf['version']}, dtype {inf['dtype']}, {inf['torch_threads']} threads, one process")
+    lines += ["", *[f"- {n}" for n in r["notes"] if not n.startswith(STANDING_NOTES)]]
     return "\n".join(lines)
 
 
@@ -618,18 +251,21 @@ def main() -> int:
         f"{infinity_anchor.DEFAULT_EXE}, then PATH)",
     )
     p.add_argument("--no-infinity", action="store_true", help="skip (e), Infinity in the same run")
-    p.add_argument("--tag", default="", help="suffix of the JSON file and the docs section, e.g. -zen-4")
-    p.add_argument("--title", default="", help="added to the section's heading, e.g. ': AMD EPYC Zen 4'")
+    p.add_argument("--tag", default="", help="a label kept in the JSON (the table is this machine kind's)")
+    p.add_argument("--title", default="", help="the table's heading (default: this machine's CPU and ISA)")
     p.add_argument("--anchor-rounds", type=int, default=2, help="rounds of (a) and (e), interleaved")
     p.add_argument("--start-timeout", type=float, default=300.0)
     p.add_argument(
         "--quick",
         action="store_true",
-        help="smoke run: 64 pairs, 2 s per scenario, results under /tmp/qtrel-bench-quick",
+        help="smoke run: a tiny random checkpoint, 64 pairs, 1 s per scenario, into a scratch folder",
     )
     a = p.parse_args()
+    tmp_model = tempfile.TemporaryDirectory(prefix="qtrel-load-model-")
     if a.quick:
-        a.seconds, a.warmup, a.pairs, a.queries, a.offline_repeats = 2.0, 0.5, 64, 4, 1
+        a.seconds, a.warmup, a.pairs, a.queries, a.offline_repeats, a.anchor_rounds = 1.0, 0.3, 64, 4, 1, 1
+        a.cores = 1  # one offline layout, one process per pair set
+        a.model = a.model or tiny_checkpoint(Path(tmp_model.name) / "tiny")
     if a.model is None:
         from model.builtin import builtin_dir
 
@@ -643,7 +279,6 @@ def main() -> int:
     offline, layouts = offline_pairs_per_s(
         a.model, {"one pair": pairs_a, "query x titles": pairs_b}, a.cores, a.offline_repeats, a.dtype
     )
-    md, js = output_paths(f"load{a.tag}", a.quick)
     report = {
         "machine": machine(),
         "command": command_line(),
@@ -658,7 +293,8 @@ def main() -> int:
         "http_client": Http(1).kind,
         "quick": a.quick,
         "server": f"--url {base} (its own settings)" if a.url else "started by this script",
-        "title": a.title,
+        "title": a.title or default_title(isa()),
+        "tag": a.tag,
     }
     inf_exe = None if (a.no_infinity or a.url) else infinity_anchor.find_infinity(a.infinity)
     from model.device import resolve_dtype
@@ -668,7 +304,7 @@ def main() -> int:
         if a.url:
             report["scenarios"] = asyncio.run(drive_qtrel(base, a, bodies_a, bodies_b, None))
         else:
-            cmd = qtrel_command(a.model, int(urlsplit(base).port), a.dtype, a.server_args.split())
+            cmd = qtrel_command(a.model, int(urlsplit(base).port or 0), a.dtype, a.server_args.split())
             if inf_exe is None:
                 with Server(cmd, base, "/health/ready", Path(tmp) / "qtrel.log", a.start_timeout) as srv:
                     report["scenarios"] = asyncio.run(drive_qtrel(base, a, bodies_a, bodies_b, srv.proc.pid))
@@ -702,7 +338,7 @@ def main() -> int:
             port = free_port()
             cmd = [
                 sys.executable,
-                str(Path(__file__).with_name("naive_server.py")),
+                str(Path(__file__).parent / "harness" / "naive_server.py"),
                 "--model",
                 str(a.model),
                 "--port",
@@ -748,9 +384,8 @@ def main() -> int:
         report["notes"].append("--quick smoke run: tiny sizes, numbers are not benchmarks.")
     text = render(report)
     print("\n" + text)
-    write_json(js, report)
-    update_section(md, f"load{a.tag}", text)
-    print(f"\nwrote {js} and the load section of {md}")
+    publish("load", report, text, a.quick)
+    tmp_model.cleanup()
     return 0
 
 

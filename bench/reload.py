@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 import httpx
-from live import Server, pct, title
+from harness.live import Server, pct, title
 
 
 def group_rss(srv: Server) -> int:

@@ -20,18 +20,11 @@ import time
 from pathlib import Path
 
 import torch
-from load import (
-    Http,
-    Server,
-    closed_loop,
-    free_port,
-    metrics_of,
-    one_pair_bodies,
-    own_cpu_seconds,
-    qtrel_command,
-    read_dev,
-    tree,
-)
+from harness.clients import Http, closed_loop
+from harness.data import one_pair_bodies, read_dev, tiny_checkpoint
+from harness.machine import default_title, isa
+from harness.publish import command_line, machine, machine_lines, publish
+from harness.server import Server, free_port, metrics_of, own_cpu_seconds, qtrel_command, tree
 
 from model.builtin import builtin_dir
 from model.relevance import RelevanceModel
@@ -92,25 +85,55 @@ def main() -> int:
     p.add_argument("--seconds", type=float, default=20.0)
     p.add_argument("--offline-pairs", type=int, default=2000)
     p.add_argument("--offline-rounds", type=int, default=2)
+    p.add_argument("--quick", action="store_true", help="smoke run: a tiny checkpoint, 64 pairs, 1 s, scratch")
     a = p.parse_args()
     rows = read_dev()
-    bodies, _ = one_pair_bodies(rows, a.pairs)
-    port = free_port()
-    base = f"http://127.0.0.1:{port}"
     with tempfile.TemporaryDirectory() as tmp:
+        if a.quick:
+            a.pairs, a.offline_pairs, a.offline_rounds, a.warmup, a.seconds = 64, 64, 1, 0.3, 1.0
+            a.model = str(tiny_checkpoint(Path(tmp) / "tiny"))
+        bodies, _ = one_pair_bodies(rows, a.pairs)
+        port = free_port()
+        base = f"http://127.0.0.1:{port}"
         cmd = qtrel_command(Path(a.model), port)
         with Server(cmd, base, "/health/ready", Path(tmp) / "server.log", timeout=300) as server:
             s = asyncio.run(served(base, server.proc.pid, bodies, a.clients, a.warmup, a.seconds))
-    pairs = [(r["query"], r["title"]) for r in rows[: a.offline_pairs]]
-    off = offline(a.model, pairs, a.offline_rounds)
-    print(
-        f"served ({a.clients} one-pair clients, {s['pairs']:.0f} pairs in {a.seconds:.0f} s, {s['pairs_per_s']:.0f} "
-        f"pairs/s, mean batch {s['mean_batch_pairs']:.1f} pairs): model processes {s['model_cpu_ms_per_pair']:.2f} "
-        f"ms CPU per pair ({s['model_cores']:.2f} cores), HTTP process {s['http_cpu_ms_per_pair']:.2f} ms "
-        f"({s['http_cores']:.2f} cores)\noffline (1 thread, length-sorted batches of 32, {len(pairs)} pairs): "
-        f"{off:.2f} ms CPU per pair\nserved / offline, model path: {s['model_cpu_ms_per_pair'] / off:.2f}x"
-    )
+        pairs = [(r["query"], r["title"]) for r in rows[: a.offline_pairs]]
+        off = offline(a.model, pairs, a.offline_rounds)
+    report = {"machine": machine(), "command": command_line(), "title": default_title(isa()), "quick": a.quick}
+    report |= {"model": a.model, "clients": a.clients, "seconds": a.seconds, "served": s, "offline_pairs": len(pairs)}
+    report |= {"offline_cpu_ms_per_pair": off, "served_over_offline": s["model_cpu_ms_per_pair"] / off}
+    text = render(report)
+    print(text)
+    publish("served_cost", report, text, a.quick)
     return 0
+
+
+def fmt(x: float | None) -> str:
+    return "—" if x is None else f"{x:.2f}"
+
+
+def render(r: dict) -> str:
+    s = r["served"]
+    return "\n".join(
+        [
+            f"### What a served pair costs: {r['title']} (`bench/served_cost.py`)",
+            "",
+            f"`qtrel serve` (default layout, score cache off) under {r['clients']} closed-loop one-pair clients for "
+            f"{r['seconds']:g} s, against one thread forwarding length-sorted batches of 32 of {r['offline_pairs']} "
+            "dev pairs offline; CPU time of the model processes per pair forwarded.",
+            "",
+            *machine_lines(r["machine"], r["command"]),
+            f"- model: `{r['model']}`",
+            "",
+            "| served pairs/s | mean batch pairs | model CPU ms/pair, served | offline | served ÷ offline "
+            "| HTTP CPU ms/pair | model / HTTP cores |",
+            "|---:|---:|---:|---:|---:|---:|---:|",
+            f"| {s['pairs_per_s']:.0f} | {s['mean_batch_pairs']:.1f} | {s['model_cpu_ms_per_pair']:.2f} | "
+            f"{r['offline_cpu_ms_per_pair']:.2f} | **{r['served_over_offline']:.2f}×** | "
+            f"{s['http_cpu_ms_per_pair']:.2f} | {fmt(s.get('model_cores'))} / {fmt(s.get('http_cores'))} |",
+        ]
+    )
 
 
 if __name__ == "__main__":

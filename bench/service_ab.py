@@ -20,8 +20,12 @@ import tempfile
 from contextlib import ExitStack
 from pathlib import Path
 
-from load import Server, free_port, one_pair_bodies, qtrel_command, query_bodies, read_dev, scenario
-from results import ROOT, command_line, machine, machine_lines, output_paths, update_section, write_json
+from harness.clients import scenario
+from harness.data import one_pair_bodies, query_bodies, read_dev, tiny_checkpoint
+from harness.machine import cpu_kind
+from harness.offline import throughput
+from harness.publish import ROOT, command_line, machine, machine_lines, output_paths, update_block, write_json
+from harness.server import Server, free_port, qtrel_command
 
 HEADS_MD = ROOT / "docs" / "heads.md"
 
@@ -30,7 +34,6 @@ def offline_speedup(a: Path, b: Path, dtype: str, pairs: list, repeats: int) -> 
     """Both checkpoints in this process (all cores as torch threads), predict over the same dev pairs,
     A and B alternating within each repeat; median pairs/s of each."""
     import torch
-    from prune_tradeoff import throughput
 
     from model.device import resolve_dtype
     from model.relevance import RelevanceModel
@@ -44,21 +47,27 @@ def offline_speedup(a: Path, b: Path, dtype: str, pairs: list, repeats: int) -> 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--a", type=Path, required=True, help="reference checkpoint")
-    ap.add_argument("--b", type=Path, required=True, help="checkpoint compared with it")
+    ap.add_argument("--a", type=Path, help="reference checkpoint (required but with --quick)")
+    ap.add_argument("--b", type=Path, help="checkpoint compared with it (required but with --quick)")
     ap.add_argument("--rounds", type=int, default=4)
     ap.add_argument("--seconds", type=float, default=8.0, help="measured seconds per window")
     ap.add_argument("--warmup", type=float, default=1.5, help="seconds per window before measuring")
     ap.add_argument("--dtype", default="auto")
     ap.add_argument("--section", help="write the table into this marker section of docs/heads.md")
-    ap.add_argument("--quick", action="store_true", help="smoke run: 1 round of 1 s windows, nothing written")
+    ap.add_argument("--quick", action="store_true", help="smoke run: a tiny checkpoint against itself, 1 s windows")
     a = ap.parse_args()
+    scratch = tempfile.TemporaryDirectory(prefix="qtrel-ab-model-")
     if a.quick:
-        a.rounds, a.seconds, a.warmup = 1, 1.0, 0.5
+        a.rounds, a.seconds, a.warmup = 1, 1.0, 0.3
+        a.a = a.a or tiny_checkpoint(Path(scratch.name) / "tiny")
+        a.b = a.b or a.a
+    if a.a is None or a.b is None:
+        ap.error("--a and --b are required")
     rows = read_dev()
+    n_pairs, n_queries = (64, 4) if a.quick else (4000, 80)
     loads = {
-        "(a) 64 clients x 1 pair": (one_pair_bodies(rows, 4000)[0], 64),
-        "(b) 8 clients x 1 query, 50 titles": (query_bodies(rows, 80, 50)[0], 8),
+        "(a) 64 clients x 1 pair": (one_pair_bodies(rows, n_pairs)[0], 64),
+        "(b) 8 clients x 1 query, 50 titles": (query_bodies(rows, n_queries, 50)[0], 8),
     }
     models = {"A": a.a, "B": a.b}
     dev_pairs = [(r["query"], r["title"]) for r in rows[: 200 if a.quick else 2000]]
@@ -114,7 +123,7 @@ def main() -> int:
     )
     print("\n" + body)
     if a.section and not a.quick:
-        _, raw = output_paths(f"service_ab_{a.section}", False)
+        _, raw = output_paths(f"service_ab_{a.section}", cpu_kind(), False)
         write_json(
             raw,
             {
@@ -127,8 +136,9 @@ def main() -> int:
                 "offline": offline,
             },
         )
-        update_section(HEADS_MD, a.section, body)
+        update_block(HEADS_MD, a.section, body)
         print(f"wrote {raw} and the {a.section} section of {HEADS_MD}")
+    scratch.cleanup()
     return 0
 
 

@@ -17,17 +17,22 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import atexit
 import json
 import random
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 import aiohttp
 import httpx
-from live import Server, pct, statuses, title
+from harness.data import tiny_checkpoint
+from harness.live import Server, pct, statuses, title
+from harness.publish import quick_dir
 from reload import add_arguments as add_reload_arguments
 from reload import reload, shadow
 from storm import add_arguments, goodput, killstorm, soak
@@ -115,7 +120,7 @@ async def sigterm(a) -> dict:
             t0 = time.monotonic()
             srv.proc.send_signal(signal.SIGTERM)
             signalled.set()  # every client's current request was sent before the signal: all must answer
-            ready_after = None
+            ready_after: int | str | None = None
             async with httpx.AsyncClient(timeout=1) as probe:
                 try:
                     r = await probe.get(srv.url + "/health/ready")
@@ -198,13 +203,15 @@ async def slow(a) -> dict:
     """Ordinary one-pair clients (aiohttp, this process) on a quiet server, then again beside slow-body
     connections and vanishing clients (bench/storm.py vanish, a process of its own, so that the client
     measuring latency is not slowed by the attackers' own work)."""
-    srv = Server(a.model)
+    # The cache off: the vanishing clients resend 16 bodies, which the cache would answer after the first.
+    srv = Server(a.model, "--cache-mb", "0", *a.server_args.split())
     try:
         srv.wait_ready()
         rng = random.Random(2)
 
         async def ordinary(s: aiohttp.ClientSession, seconds: float) -> tuple[list[float], dict]:
-            lat, st = [], {}
+            lat: list[float] = []
+            st: dict[int | str, int] = {}
             end = time.monotonic() + seconds
             while time.monotonic() < end:
                 t0 = time.perf_counter()
@@ -253,6 +260,7 @@ async def slow(a) -> dict:
             "slow_body_connections": a.slow_conns,
             "slow_connections_still_open_at_end": open_at_end,
             "vanishing_clients": a.vanishing,
+            "extra_server_args": a.server_args,
             "requests_abandoned_by_vanishing_clients": int(out.decode().strip() or 0),
             "ordinary_baseline_p50_ms": pct(base_lat, 0.5),
             "ordinary_baseline_p99_ms": quiet_p99,
@@ -318,6 +326,18 @@ def fuzz(a) -> dict:
         srv.stop()
 
 
+def quick(a) -> None:
+    """Every phase a second or so, on a tiny checkpoint (both models of reload and shadow), out to the scratch
+    folder: the scenario runs end to end, its figures mean nothing."""
+    tmp = tempfile.mkdtemp(prefix="qtrel-stress-")
+    atexit.register(shutil.rmtree, tmp, True)
+    a.model = a.second = str(tiny_checkpoint(Path(tmp) / "tiny"))
+    a.seconds, a.load_s, a.drain, a.slow_conns, a.vanishing, a.examples, a.clients = 1, 1, 5, 20, 2, 5, 8
+    a.storm, a.every, a.before, a.after, a.sample_every, a.burst_every, a.reloads = 3, 1, 1, 1, 1, 1, 2
+    a.out = str(quick_dir() / "stress.json")
+    quick_dir().mkdir(parents=True, exist_ok=True)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument(
@@ -334,9 +354,12 @@ def main() -> None:
     p.add_argument("--examples", type=int, default=100)
     p.add_argument("--timeout", type=float, default=300)
     p.add_argument("--out", default="/tmp/qtrel-stress.json")
+    p.add_argument("--quick", action="store_true", help="smoke run: a tiny checkpoint, seconds-long phases")
     add_arguments(p)
     add_reload_arguments(p)
     a = p.parse_args()
+    if a.quick:
+        quick(a)
     if a.scenario == "fuzz":
         res = fuzz(a)
     else:

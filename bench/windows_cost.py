@@ -16,9 +16,13 @@ import csv
 import json
 import random
 import statistics
+import tempfile
+from pathlib import Path
 
-from live import Server, pct, post_all
-from results import DEV, command_line, machine, machine_lines, output_paths, update_section, write_json
+from harness.data import tiny_checkpoint
+from harness.live import Server, pct, post_all
+from harness.machine import default_title, isa
+from harness.publish import DEV, command_line, machine, machine_lines, publish
 
 MODES = {"truncated (default)": None, "max_chunks 2": 2, "max_chunks 8": 8}
 
@@ -57,10 +61,12 @@ def main() -> int:
     ap.add_argument("--overlap", type=int, default=16)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--clients", type=int, default=8)
-    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--quick", action="store_true", help="smoke run: a tiny checkpoint, 8 requests, 1 round")
     a = ap.parse_args()
+    scratch = tempfile.TemporaryDirectory(prefix="qtrel-windows-model-")
     if a.quick:
         a.requests, a.rounds = 8, 1
+        a.model = str(tiny_checkpoint(Path(scratch.name) / "tiny"))
     trace = requests(a.requests, 0)
     runs: dict[str, list[dict]] = {m: [] for m in MODES}
     srv = Server(a.model, "--cache-mb", "0")
@@ -76,23 +82,34 @@ def main() -> int:
     finally:
         srv.stop()
     med = {m: {k: statistics.median(x[k] for x in v) for k in v[0]} for m, v in runs.items()}
+    report = {"machine": machine(), "command": command_line(), "runs": runs, "median": med, "model": a.model}
+    report |= {"requests": a.requests, "clients": a.clients, "overlap": a.overlap, "rounds": a.rounds}
+    report["title"] = default_title(isa())
+    text = render(report)
+    print("\n" + text)
+    publish("windows_cost", report, text, a.quick)
+    scratch.cleanup()
+    return 0
+
+
+def render(r: dict) -> str:
+    med = r["median"]
     base = med["truncated (default)"]["docs_per_s"]
     rows = [
         f"| {m} | {v['windows_per_doc']:.2f} | {v['docs_per_s']:.0f} | {v['docs_per_s'] / base:.2f} | "
         f"{v['docs_per_s'] * v['windows_per_doc']:.0f} | {v['p50_ms']:.0f} | {v['p99_ms']:.0f} |"
         for m, v in med.items()
     ]
-    report = {"machine": machine(), "command": command_line(), "runs": runs, "median": med}
-    text = "\n".join(
+    return "\n".join(
         [
-            "## Long documents in windows (`bench/windows_cost.py`)",
+            f"### Long documents in windows: {r.get('title') or r['machine']['cpu']} (`bench/windows_cost.py`)",
             "",
-            f"One `qtrel serve` (default model and layout, `--cache-mb 0`: every window forwarded), {a.requests} "
+            f"One `qtrel serve` (default model and layout, `--cache-mb 0`: every window forwarded), {r['requests']} "
             "requests of a Home Depot dev query with 10 documents, each 15 real dev titles joined, sent by "
-            f"{a.clients} clients; `/score` truncating (the default) against `max_chunks` 2 and 8 with "
-            f"`chunk_overlap` {a.overlap}; interleaved, order rotated per round, median of {a.rounds} rounds.",
+            f"{r['clients']} clients; `/score` truncating (the default) against `max_chunks` 2 and 8 with "
+            f"`chunk_overlap` {r['overlap']}; interleaved, order rotated per round, median of {r['rounds']} rounds.",
             "",
-            *machine_lines(report["machine"], report["command"]),
+            *machine_lines(r["machine"], r["command"]),
             "",
             "| mode | windows per document | documents/s | x truncated | windows (pairs)/s | p50 ms | p99 ms |",
             "|---|---:|---:|---:|---:|---:|---:|",
@@ -101,11 +118,6 @@ def main() -> int:
             "A document costs about its windows: the pairs/s of the windows stay those of ordinary pairs.",
         ]
     )
-    print("\n" + text)
-    md, js = output_paths("windows_cost", a.quick)
-    write_json(js, report)
-    update_section(md, "windows_cost", text)
-    return 0
 
 
 if __name__ == "__main__":

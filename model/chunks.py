@@ -101,7 +101,7 @@ def split_pairs(
 ) -> list[list[Window]]:
     """Per pair, the windows of its title: as many pieces as the query leaves of the model's window."""
     uniq = list(dict.fromkeys(queries))
-    room = {q: tok.max_length - tok.template.specials - len(ids) for q, ids in zip(uniq, tok.encode_texts(uniq))}
+    room = {q: tok.max_length - tok.specials - len(ids) for q, ids in zip(uniq, tok.encode_texts(uniq))}
     out = []
     for q, t, (offsets, words) in zip(queries, titles, tok.word_offsets(titles)):
         size = room[q]

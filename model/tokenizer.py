@@ -1,8 +1,10 @@
-"""Pair tokenizer: `[CLS] query [SEP] title [SEP]` with segment ids 0/1, on Hugging Face `tokenizers`.
+"""Pair tokenizer on Hugging Face `tokenizers`: WordPiece, Unigram (SentencePiece) or BPE from tokenizer.json,
+framed as its own post-processor says (model.templates): `[CLS] query [SEP] title [SEP]` with segment ids
+0/1 for BERT, `<s> query </s></s> title </s>` for XLM-R.
 
-Queries and titles are word-piece encoded separately (BERT's pre-tokenisation never crosses the
-pair boundary, so this equals encoding the pair), then truncated and framed here, which lets us keep
-the query whole by default, fall back when the query alone is too long, and report what was cut.
+Queries and titles are encoded separately (no pre-tokeniser crosses the pair boundary, so this equals
+encoding the pair), then truncated and framed here, which lets us keep the query whole by default, fall
+back when the query alone is too long, and report what was cut.
 """
 
 from __future__ import annotations
@@ -17,11 +19,11 @@ from typing import Literal
 from tokenizers import Tokenizer, normalizers, pre_tokenizers
 from tokenizers.models import WordPiece
 
-from model.pair_template import PairTemplate, TemplateError
+from model.templates import PairTemplate, TemplateError, pad_id, unknown_id
 
 Truncation = Literal["only_second", "longest_first"]
 TRUNCATIONS: tuple[str, ...] = ("only_second", "longest_first")
-SPECIAL_TOKENS_IN_PAIR = 3  # [CLS], [SEP], [SEP]
+SPECIAL_TOKENS_IN_PAIR = 3  # BERT's [CLS], [SEP], [SEP]; `PairTokenizer.specials` is each tokenizer's
 
 
 class TokenizerError(ValueError):
@@ -59,11 +61,12 @@ class PairCut:
 
     @property
     def specials(self) -> tuple[int, ...]:
-        """Positions of the special tokens in the framed pair ([CLS], the middle [SEP], the last [SEP] in BERT's)."""
+        """Positions of the special tokens in the framed pair: [CLS], the middle [SEP] and the last [SEP] for
+        BERT; <s>, </s></s> and </s> for XLM-R."""
         n_query, n_title = len(self.query_kept), len(self.title_kept)
-        if self.template is not None:
-            return self.template.positions(n_query, n_title)
-        return 0, n_query + 1, n_query + n_title + 2
+        if self.template is None:
+            return 0, n_query + 1, n_query + n_title + 2
+        return self.template.special_positions(n_query, n_title)
 
     def dropped(self, full: list[int], kept: list[int]) -> list[int]:
         return full[len(kept) :] if self.side == "right" else full[: len(full) - len(kept)]
@@ -88,18 +91,22 @@ def longest_first(n_query: int, n_title: int, budget: int) -> tuple[int, int]:
 
 class PairTokenizer:
     def __init__(self, tokenizer: Tokenizer, max_length: int = 128):
+        spec = json.loads(tokenizer.to_str())
+        vocab = tokenizer.get_vocab()
+        try:
+            self.template = PairTemplate.of(spec, vocab)
+        except TemplateError as e:
+            raise TokenizerError(str(e)) from None
         self._tok = tokenizer
         self._tok.no_truncation()
         self._tok.no_padding()
-        vocab = tokenizer.get_vocab()
-        try:  # the pair frame the tokenizer's own post-processor defines (model.pair_template)
-            self.template = PairTemplate.of(tokenizer)
-        except TemplateError as e:
-            raise TokenizerError(str(e)) from None
-        self.cls_id, self.sep_id = self.template.cls_id, self.template.sep_id
-        self.pad_id = vocab.get("[PAD]", vocab.get("<pad>", 0))
+        # The first token of the frame (scored from) and the last: [CLS]/[SEP], <s>/</s>
+        self.cls_id, self.sep_id = self.template.prefix[0], (self.template.suffix or self.template.middle)[-1:][0]
+        self.pad_id = pad_id(spec, vocab)
+        self.unk_id = unknown_id(spec, vocab)
         self.vocab_size = tokenizer.get_vocab_size()
-        if max_length < self.template.specials + 2:
+        self.specials = self.template.specials
+        if max_length < self.specials + 2:
             raise TokenizerError(f"max_length {max_length} is too small for a pair")
         self.max_length = max_length
         self._ascii = AsciiWordPiece.of(tokenizer)
@@ -126,10 +133,9 @@ class PairTokenizer:
     def save(self, path: str | Path) -> None:
         path = Path(path)
         tok = Tokenizer.from_str(self._tok.to_str())
-        if self._tok.token_to_id("[CLS]") is None:  # not BERT's: its own files, as they came
+        wordpiece = json.loads(tok.to_str()).get("model", {}).get("type") == "WordPiece"
+        if not (wordpiece and self.template.bert_shaped):  # tokenizer.json alone: its post-processor frames pairs
             tok.save(str(path / "tokenizer.json"))
-            config = {"tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": self.max_length}
-            (path / "tokenizer_config.json").write_text(json.dumps(config, indent=2), encoding="utf-8")
             return
         tok.post_processor = _bert_post_processor(self.cls_id, self.sep_id)
         tok.save(str(path / "tokenizer.json"))
@@ -224,7 +230,7 @@ class PairTokenizer:
         if side not in ("right", "left"):
             raise TokenizerError(f"side must be 'right' or 'left', got {side!r}")
         limit = self.max_length if max_length is None else min(max_length, self.max_length)
-        budget = limit - self.template.specials
+        budget = limit - self.specials
         if budget < 2:
             raise TokenizerError(f"max_length {limit} is too small for a pair")
         # One query against many titles is the common request: encode each distinct query once.
@@ -246,13 +252,33 @@ class PairTokenizer:
         return cuts
 
     def _frame(self, cuts: Sequence[PairCut]) -> EncodedPairs:
-        """`[CLS] query [SEP] title [SEP]` with segment ids 0/1, of what each cut kept."""
+        """The template's frame (`[CLS] query [SEP] title [SEP]` with segment ids 0/1 for BERT) of what each
+        cut kept."""
         out = EncodedPairs([], [], [])
         for c in cuts:
-            ids, segments = self.template.frame(c.query_kept, c.title_kept)
+            ids, types = self.template.frame(c.query_kept, c.title_kept)
             out.input_ids.append(ids)
-            out.token_type_ids.append(segments)
+            out.token_type_ids.append(types)
             out.truncated.append(c.truncated)
+        return out
+
+    def unknown_shares(self, queries: Sequence[str], titles: Sequence[str]) -> list[float]:
+        """`unknown_share` of each (query, title) pair, whole texts (no truncation)."""
+        if self.unk_id is None:
+            return [0.0] * len(titles)
+        uniq = list(dict.fromkeys(queries))
+        qids = dict(zip(uniq, self.encode_texts(uniq)))
+        cuts = [PairCut(qids[q], t, [], [], "right") for q, t in zip(queries, self.encode_texts(titles))]
+        return self.unknown_share(cuts)
+
+    def unknown_share(self, cuts: Sequence[PairCut]) -> list[float]:
+        """Per pair, the share of its query's and title's pieces (before truncation) that are the unknown
+        token: text this vocabulary cannot read. 0 for a tokenizer without one (byte-level BPE)."""
+        unk = self.unk_id
+        out = []
+        for c in cuts:
+            n = len(c.query) + len(c.title)
+            out.append(0.0 if unk is None or not n else (c.query.count(unk) + c.title.count(unk)) / n)
         return out
 
 

@@ -27,7 +27,7 @@ from service.http.routes import metrics_router, ops_router, router
 from service.http.tokenize import router as tokenize_router
 from service.logs import request_id
 from service.metrics import Metrics
-from service.runtime.engine import Engine
+from service.runtime.engine import Engine, EngineAPI
 from service.runtime.layout import package_version
 from service.runtime.models import Models
 from service.settings import Settings
@@ -68,7 +68,7 @@ class Lifecycle:
     model cannot be loaded at start (`on_fatal`, set by whoever runs the server)."""
 
     def __init__(self) -> None:
-        self.engine: Engine | None = None  # set by the lifespan
+        self.engine: EngineAPI | None = None  # set by the lifespan
         self.fatal: str | None = None  # why the server cannot serve, once known
         self.on_fatal: Callable[[str], None] | None = None
         self.reloaders: list[Callable[[], None]] = []  # what SIGHUP re-reads
@@ -86,7 +86,7 @@ class Lifecycle:
         if self.engine is not None:
             self.engine.begin_drain()
 
-    async def start(self, engine: Engine) -> None:
+    async def start(self, engine: EngineAPI) -> None:
         why = await engine.start()
         if why is not None:
             self.fatal = why
@@ -221,8 +221,13 @@ def replaying(first: dict, receive):
 
 
 def create_app(
-    settings: Settings | None = None, lifecycle: Lifecycle | None = None, tracing: Tracing | None = None
+    settings: Settings | None = None,
+    lifecycle: Lifecycle | None = None,
+    tracing: Tracing | None = None,
+    engine_factory: Callable[[Settings, Metrics, Tracing], EngineAPI] = build_engine,
 ) -> FastAPI:
+    """The app; `engine_factory` makes its engine in the lifespan: the one-process engine, or in a front
+    process the engine core's proxy (service.front), whose calls are the same."""
     settings = settings or Settings()
     tracing = tracing or tracing_from_env()  # off unless the OTEL_* environment asks (service.tracing)
     lifecycle = lifecycle or Lifecycle()
@@ -230,7 +235,7 @@ def create_app(
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
-        engine = build_engine(settings, metrics, tracing)
+        engine = engine_factory(settings, metrics, tracing)
         lifecycle.engine = engine
         # Load and warm up in the background: the server answers /health/* (503) meanwhile.
         starting = asyncio.create_task(lifecycle.start(engine), name="qtrel-start")

@@ -90,6 +90,13 @@ def serve(settings) -> int:
     an orchestrator shows the crash and its message. SIGHUP never ends the server (it drops no work)."""
     import signal
 
+    from service.runtime.layout import resolve_http_workers
+
+    count, why = resolve_http_workers(settings)
+    if count > 1:  # this process becomes the engine core behind `count` front processes
+        from service.core_main import serve_core
+
+        return serve_core(settings, count, why)
     import uvicorn
 
     from service.app import Lifecycle, create_app

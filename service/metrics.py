@@ -14,6 +14,7 @@ if TYPE_CHECKING:
 LATENCY = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.25, 0.4, 0.6, 1.0, 1.5, 2.5, 5.0, 10.0, 30.0)
 BATCH_PAIRS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
 BATCH_TOKENS = (64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768)
+PRIORITIES = ("high", "low")  # the batcher's classes (service.runtime.batching.PRIORITIES), in its order
 DIFF = (-4.0, -2.0, -1.0, -0.5, -0.25, -0.1, 0.0, 0.1, 0.25, 0.5, 1.0, 2.0, 4.0)  # expected levels apart
 RATIO = (0.0, 0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.8, 1.0)
 
@@ -167,6 +168,23 @@ class Metrics:
         self.model_info = Gauge(
             "qtrel_model_info", "Model being served", ["model", "device", "dtype", "version"], registry=r
         )
+        self.admission_refused = Counter(
+            "qtrel_admission_refused",
+            "Scoring work refused at admission (429), by model and reason: pairs or tokens (a queue bound), or "
+            "wait (the work queued ahead would take longer than max_queue_wait_ms at the model's measured rate)",
+            ["model", "reason"],
+            registry=r,
+        )
+        self.queue_depth_by_priority = Gauge(
+            "qtrel_queue_depth_by_priority",
+            "Pairs waiting in the queues by priority class (high: interactive; low: score jobs and requests "
+            "that ask for it), every model's together",
+            ["priority"],
+            registry=r,
+        )
+        for name in PRIORITIES:
+            self.queue_depth_by_priority.labels(name)
+        self._depths: dict[int, Sequence[int]] = {}  # per batcher (observer): its pairs queued per class
 
     def queues_changed(self, batcher: int, items: int, in_flight: int) -> None:
         """One batcher's queue changed: the gauges are every batcher's together."""
@@ -176,6 +194,15 @@ class Metrics:
             self._queues.pop(batcher, None)  # an idle or retired batcher leaves no entry behind
         self.queue_depth.set(sum(q for q, _ in self._queues.values()))
         self.in_flight.set(sum(f for _, f in self._queues.values()))
+
+    def depths_changed(self, batcher: int, queued: Sequence[int]) -> None:
+        """One batcher's queue per priority class changed: the gauge is every batcher's together."""
+        if any(queued):
+            self._depths[batcher] = queued
+        else:
+            self._depths.pop(batcher, None)
+        for i, name in enumerate(PRIORITIES):
+            self.queue_depth_by_priority.labels(name).set(sum(q[i] for q in self._depths.values()))
 
     def for_model(self, model: str) -> ModelObserver:
         """The batcher's and the worker's observer for one served model: its series, labelled."""
@@ -215,6 +242,8 @@ class ModelObserver:
             series.labels(model)
         for series in (metrics.batch_pairs, metrics.batch_tokens, metrics.padding_ratio):
             series.labels(model)
+        for reason in ("pairs", "tokens", "wait"):
+            metrics.admission_refused.labels(model, reason)
 
     def queued(self, items: int, in_flight: int) -> None:
         self.m.queues_changed(id(self), items, in_flight)
@@ -231,6 +260,12 @@ class ModelObserver:
 
     def dropped(self, reason: str, n: int) -> None:
         self.m.dropped_pairs.labels(self.model, reason).inc(n)
+
+    def refused(self, reason: str) -> None:
+        self.m.admission_refused.labels(self.model, reason).inc()
+
+    def depths(self, queued: Sequence[int]) -> None:
+        self.m.depths_changed(id(self), queued)
 
     def forwarded(self, seconds: float) -> None:
         self.m.inference_seconds.labels(self.model).observe(seconds)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import Field, PrivateAttr, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -137,6 +137,20 @@ class Settings(BaseSettings):
         "request's texts, exception messages included",
     )
 
+    http_workers: Annotated[int, Field(ge=1, le=64)] | Literal["auto"] = Field(
+        "auto",
+        description="front processes serving HTTP on the one port (validation, keys, tokenisation, response "
+        "shaping), all feeding one engine core (this process: the queues, the cache, admission, the model "
+        "processes). 1 = one process does it all; auto = 1 on a CPU with fewer than 8 cores, else one per 8 "
+        "cores (at most 4), and half the cores (at most 8) on cuda. /info shows the choice (fronts)",
+    )
+    http_socket: Literal["shared", "reuseport"] = Field(
+        "shared",
+        description="how several fronts share the port: shared = one listening socket they all accept from "
+        "(a dying front leaves its waiting connections to the others); reuseport = a socket each, the kernel "
+        "spreading connections evenly by address (SO_REUSEPORT)",
+    )
+
     fast_lane: bool = Field(
         True,
         description="hand a plainly valid scoring request (JSON body, no odd header) straight to its route, past "
@@ -148,6 +162,13 @@ class Settings(BaseSettings):
     max_batch_tokens: int = Field(MAX_BATCH_TOKENS, ge=64, description="padded tokens per forward (longest x pairs)")
     max_batch_size: int = Field(128, ge=1, description="pairs per forward")
     max_wait_ms: float = Field(2.0, ge=0, description="how long a batch may wait to fill")
+    max_batch_ms: float = Field(
+        50.0,
+        ge=0,
+        description="a batch holds about this much of one model process's work, at the model's measured rate, "
+        "so that a big request (or one whose client has gone) holds a process this long at most before small "
+        "requests get their turn; within max_batch_tokens. 0: batches bounded by max_batch_tokens only",
+    )
 
     # --- the pair-score cache ---
     cache_mb: int = Field(
@@ -171,8 +192,21 @@ class Settings(BaseSettings):
     # --- admission and limits ---
     max_queue_pairs: int = Field(8192, ge=1, description="pairs accepted but not finished; beyond: 429")
     max_queue_tokens: int = Field(524288, ge=64, description="tokens accepted but not finished; beyond: 429")
+    max_queue_wait_ms: float = Field(
+        1000.0,
+        ge=0,
+        description="refuse (429, with a Retry-After from the rate) work whose queue ahead would take longer "
+        "than this at the model's measured rate, on any CPU or GPU; until the rate is measured, only "
+        "max_queue_pairs and max_queue_tokens bound the queue. 0: off",
+    )
     max_pairs_per_request: int = Field(2048, ge=1, description="beyond: 413")
     max_text_chars: int = Field(2000, ge=1, description="characters per query or title; beyond: 413")
+    unknown_share_warn: float = Field(
+        0.3, ge=0, le=1, description="/score warns of pairs whose share of unknown tokens is over this"
+    )
+    unknown_share_refuse: float | None = Field(
+        None, ge=0, le=1, description="refuse (422) pairs whose share of unknown tokens is over this; none: serve all"
+    )
     max_body_bytes: int = Field(4 * 1024 * 1024, ge=1024, description="request body size; beyond: 413")
     request_timeout_ms: int = Field(30000, ge=1, description="default deadline; X-Request-Timeout-Ms overrides")
     drain_timeout_s: float = Field(30.0, ge=0, description="on SIGTERM, how long in-flight work may take")

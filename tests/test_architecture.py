@@ -21,8 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-SCANNED = ("model", "service", "tests")  # folders whose .py files make up the graph
-SIZED = ("model", "service")  # folders whose .py files must stay under MAX_LINES
+SCANNED = ("model", "service", "tests", "bench")  # folders whose .py files make up the graph
+SIZED = ("model", "service", "bench")  # folders whose .py files must stay under MAX_LINES
 MAX_LINES = 400  # "a file that grows past ~400 lines usually owns two things" (STYLE.md)
 
 WEB = ("fastapi", "starlette", "uvicorn")
@@ -31,6 +31,10 @@ MODEL_INTERNALS = ("model.bert", "model.kernels", "model.onednn", "model.packing
 
 def core(rel: str) -> bool:
     return rel.startswith("model/") and rel.count("/") == 1
+
+
+# The batcher's modules: the queue (batcher.py), its vocabulary (batching.py), the model's measured pace (pace.py).
+BATCHER = ("service/runtime/batcher.py", "service/runtime/batching.py", "service/runtime/pace.py")
 
 
 def under(folder: str) -> Callable[[str], bool]:
@@ -63,10 +67,11 @@ RULES = (
          gateways=("service.tracing",)),
     Rule("runtime-uses-the-model-contract", under("service/runtime"), MODEL_INTERNALS,
          "the runtime uses RelevanceModel's contract, not the architecture, packing or kernels", direct=True),
-    Rule("batcher-knows-no-model", lambda rel: rel == "service/runtime/batcher.py",
+    Rule("batcher-knows-no-model", lambda rel: rel in BATCHER,
          ("model", "torch", "tokenizers", *WEB, "pydantic", "service", "opentelemetry"),
          "the batcher batches items with a token length: no BERT, no worker, no FastAPI, no tracing library "
-         "(it reports batch timings to a BatchTracer hook)"),
+         "(it reports batch timings to a BatchTracer hook); it reaches only its own modules",
+         gateways=tuple(rel.removesuffix(".py").replace("/", ".") for rel in BATCHER)),
     Rule("http-goes-through-the-engine", under("service/http"),
          ("service.runtime", "model", "torch", "tokenizers", "safetensors"),
          "route handlers validate, submit to the engine and shape the response: they reach the runtime and "
@@ -194,9 +199,35 @@ def check(graph: Graph, rel: str) -> list[Violation]:
                         "http-reaches-engine-internals", rel, node.attr, node.lineno, "ask the engine, not its parts"
                     )
                 )
+    for module, _, line in graph.imports(rel):
+        if matches(module, "lab"):
+            found.append(Violation("imports-lab", rel, module, line, "lab/ holds finished studies: never imported"))
+    if rel.startswith("bench/"):
+        found += bench_habits(graph, rel)
     n = len(graph.sources[rel].splitlines())
     if any(rel.startswith(d + "/") for d in SIZED) and n > MAX_LINES:
         found.append(Violation("file-size", rel, "lines", n, f"{n} lines, over {MAX_LINES}: it owns two things"))
+    return found
+
+
+def bench_habits(graph: Graph, rel: str) -> list[Violation]:
+    """A maintained benchmark finds bench/harness as a package beside it (no sys.path edits, no imports below
+    code), and uses only public names of the model and the service: no private module, no private attribute."""
+    found = []
+    src = graph.sources[rel]
+    for node in ast.walk(ast.parse(src)):
+        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name):
+            if node.value.id == "sys" and node.attr == "path":
+                found.append(Violation("bench-sys-path", rel, "sys.path", node.lineno, "harness is a package"))
+            elif node.attr.startswith("_") and not node.attr.startswith("__") and node.value.id not in ("self", "cls"):
+                why = "a private name: add a public accessor"
+                found.append(Violation("bench-private-name", rel, f"{node.value.id}.{node.attr}", node.lineno, why))
+    for module, _, line in graph.imports(rel):
+        if module.split(".")[0] in ("model", "service") and any(p.startswith("_") for p in module.split(".")[1:]):
+            found.append(Violation("bench-private-name", rel, module, line, "a private module"))
+    for i, text in enumerate(src.splitlines(), 1):
+        if "noqa: E402" in text:
+            found.append(Violation("bench-import-below-code", rel, "E402", i, "imports go at the top"))
     return found
 
 
@@ -221,7 +252,11 @@ def test_the_folders_are_the_parts():
     graph = Graph()
     for pkg in ("model/train", "model/bulk", "service/http", "service/runtime"):
         assert f"{pkg}/__init__.py" in graph.sources, pkg
-    flat = [rel for rel in graph.sources if rel.count("/") == 1 and rel.split("/")[1].startswith(("cli_", "bulk_"))]
+    flat = [
+        rel
+        for rel in graph.sources
+        if rel.count("/") == 1 and rel.split("/")[1].startswith(("cli_", "bulk_")) and not rel.startswith("bench/")
+    ]  # a benchmark is named after what it measures (bench/bulk_speed.py)
     assert not flat, f"a prefix standing in for a folder: {flat}"
 
 
@@ -291,3 +326,29 @@ def test_an_oversized_file_is_caught():
         {"service/x.py": "x = 1\n" * (MAX_LINES + 1)}, "service/x.py"
     )
     assert planted({"service/x.py": "x = 1\n" * MAX_LINES}, "service/x.py") == set()
+
+
+def test_bench_reaching_past_the_public_names_is_caught():
+    hack = "import sys\nsys.path.insert(0, 'bench')\nimport model.bert  # noqa: E402\n"
+    assert planted({"bench/x.py": hack}, "bench/x.py") == {
+        ("bench-sys-path", "bench/x.py", "sys.path"),
+        ("bench-import-below-code", "bench/x.py", "E402"),
+    }
+    private = "from model import _attention\nimport model._attention\nv = m._openvino\nw = self._ok\n"
+    assert planted({"bench/x.py": private}, "bench/x.py") == {
+        ("private-import", "bench/x.py", "model._attention"),
+        ("bench-private-name", "bench/x.py", "model._attention"),
+        ("bench-private-name", "bench/x.py", "m._openvino"),
+    }
+    assert planted({"bench/x.py": "from model.relevance import RelevanceModel\n"}, "bench/x.py") == set()
+
+
+def test_importing_lab_is_caught():
+    assert ("imports-lab", "bench/x.py", "lab.isa_peak") in planted(
+        {"bench/x.py": "import lab.isa_peak\n"}, "bench/x.py"
+    )
+    assert ("imports-lab", "service/x.py", "lab") in planted({"service/x.py": "from lab import x\n"}, "service/x.py")
+
+
+def test_an_oversized_benchmark_is_caught():
+    assert ("file-size", "bench/x.py", "lines") in planted({"bench/x.py": "x = 1\n" * (MAX_LINES + 1)}, "bench/x.py")

@@ -1,4 +1,5 @@
-"""`GET /v1/models`, the listing OpenAI-style clients, vLLM and Infinity read, and the admin route that
+"""`GET /v1/models` and `GET /v1/models/{id}`, the listing and the one model OpenAI-style clients, vLLM and
+Infinity read (OpenAI's `models.list()` and `models.retrieve(id)`), and the admin route that
 reloads a model: `POST /admin/models/{name}/reload`, optionally from a new path. The reload loads and
 warms the new copy beside the old one and switches at once (service.runtime.models); a checkpoint that
 fails leaves the old one serving and answers 422 reload_failed."""
@@ -11,6 +12,7 @@ from fastapi import APIRouter, Body
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, StrictStr
 
+from service.errors import ErrorKind, ServiceError
 from service.http.deps import EngineDep
 from service.http.routes import ERRORS
 from service.http.schemas import Absent
@@ -26,6 +28,7 @@ class ModelCard(BaseModel):
     owned_by: str = "qtrel"
     path: str = Field(description="the checkpoint directory")
     levels: list[str]
+    languages: list[str] | None = Field(None, description="the languages the model reads (its config's `languages`)")
     dtype: str
     device: str
     state: str = Field(description="loading, ready, reloading (a new copy loads), or the worker's state")
@@ -50,7 +53,19 @@ class ReloadRequest(BaseModel):
 @router.get("/v1/models", response_model=ModelList, responses={401: ERRORS[401]})
 async def models(engine: EngineDep):
     """The served models, the default first."""
-    return JSONResponse({"object": "list", "data": engine.listing()})
+    return JSONResponse({"object": "list", "data": await engine.model_list()})
+
+
+@router.get("/v1/models/{model_id:path}", response_model=ModelCard, responses={401: ERRORS[401], 404: ERRORS[404]})
+async def model(model_id: str, engine: EngineDep):
+    """One served model by its id (OpenAI's models.retrieve); 404 model_not_found for an id not served. Unlike
+    the scoring routes, no other name stands in for the one model served: this route says what exists."""
+    cards = await engine.model_list()
+    for card in cards:
+        if card["id"] == model_id:
+            return JSONResponse(card)
+    served = ", ".join(c["id"] for c in cards)
+    raise ServiceError(ErrorKind.MODEL_NOT_FOUND, f"model {model_id!r} is not served; served: {served}")
 
 
 @admin_router.post(

@@ -16,17 +16,23 @@ from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, model_validator
+from pydantic import BaseModel, ConfigDict, Field, JsonValue, PrivateAttr, StrictBool, model_validator
 
 from model.levels import unit_score
+from service.http import cutoff
 from service.http.deps import EngineDep, MetricsDep, SettingsDep, TimeoutHeader, UseCacheDep
+from service.http.documents import DOCUMENTS, RANK_FIELDS, Document, RankFields, echoed, title_of
 from service.http.routes import ERRORS, score_watched, window_of
 from service.http.schemas import (
     MAX_CHUNKS,
+    NOT_BLANK,
     OVERLAP,
     PAIRS,
+    PRIORITY,
+    TEXT_CHARS,
     AtLeastOne,
     Overlap,
+    Priority,
     Text,
     WindowResult,
     check_windows,
@@ -47,14 +53,16 @@ MODEL_NOTE = (
 )
 
 
-class Document(BaseModel):
-    model_config = ConfigDict(extra="allow")  # Cohere v1 lets a document carry other fields; only `text` is read
-    text: Text
+TEXT_OBJECT: dict[str, JsonValue] = {
+    "type": "object",
+    "required": ["text"],
+    "properties": {"text": {"type": "string", "minLength": 1, "pattern": NOT_BLANK, **limited(maxLength=TEXT_CHARS)}},
+}
 
 
 class CompatRerankRequest(BaseModel):
-    """Cohere's rerank request. Other fields Cohere's SDK sends (rank_fields, relevant_spans, priority, ...)
-    are accepted and ignored."""
+    """Cohere's rerank request. Other fields Cohere's SDK sends (relevant_spans, ...) are accepted
+    and ignored."""
 
     model_config = ConfigDict(
         extra="ignore",
@@ -69,15 +77,22 @@ class CompatRerankRequest(BaseModel):
                 }
             ],
             "dependentRequired": {"chunk_overlap": ["max_chunks_per_doc"]},
+            # without rank_fields, an object document is scored by its `text`, which is then a Text
+            "if": {"not": {"required": ["rank_fields"]}},
+            "then": {"properties": {"documents": {"items": {"anyOf": [{"type": "string"}, TEXT_OBJECT]}}}},
         },
     )
     model: str | None = Field(None, description=MODEL_NOTE)
+    priority: Priority = Field("high", description=PRIORITY)
     query: Text
     documents: list[Text | Document] = Field(
-        min_length=1, description="strings or objects with a `text` field", json_schema_extra=limited(maxItems=PAIRS)
+        min_length=1, description=DOCUMENTS, json_schema_extra=limited(maxItems=PAIRS)
     )
+    rank_fields: RankFields | None = Field(None, description=RANK_FIELDS)
     top_n: AtLeastOne | None = Field(None, description="return only the best n (all when absent)")
-    return_documents: StrictBool = Field(False, description="add each result's `document: {text}`")
+    return_documents: StrictBool = Field(
+        False, description="add each result's `document`: `{text}` for a string, an object as it was sent"
+    )
     max_tokens_per_doc: AtLeastOne | None = Field(
         None,
         description="accepted; not applied: a pair is cut to the model's max_length tokens (only the "
@@ -85,29 +100,35 @@ class CompatRerankRequest(BaseModel):
     )
     max_chunks_per_doc: AtLeastOne | None = Field(None, description=MAX_CHUNKS.replace("title", "document"))
     chunk_overlap: Overlap | None = Field(None, description=OVERLAP + " (qtrel's, not Cohere's)")
+    min_level: cutoff.Level | None = Field(None, description=cutoff.MIN_LEVEL + " (qtrel's)")
+    min_score: cutoff.UnitScore | None = Field(
+        None, description=cutoff.min_score_doc("relevance_score (0..1)") + " (qtrel's)"
+    )
+    _titles: list[str] = PrivateAttr(default_factory=list)
 
     @model_validator(mode="after")
     def _not_blank(self) -> CompatRerankRequest:
         check_windows(self.max_chunks_per_doc, self.chunk_overlap, "max_chunks_per_doc")
         if not self.query.strip():
             raise ValueError("query is empty or whitespace")
-        for i, t in enumerate(self.texts()):
+        self._titles = [title_of(d, i, self.rank_fields) for i, d in enumerate(self.documents)]
+        for i, t in enumerate(self._titles):
             if not t.strip():
                 raise ValueError(f"document {i} is empty or whitespace")
         return self
 
     def texts(self) -> list[str]:
-        return [d if isinstance(d, str) else d.text for d in self.documents]
-
-
-class RerankDocument(BaseModel):
-    text: str
+        """The text scored for each document (documents.title_of)."""
+        return self._titles
 
 
 class CompatRerankResult(BaseModel):
     index: int = Field(description="position of the document in the request")
     relevance_score: float = Field(description=RELEVANCE)
-    document: RerankDocument | None = Field(None, description="only with return_documents")
+    id: JsonValue = Field(None, description="the document's `id`, where it is an object that has one (qtrel's)")
+    document: dict[str, JsonValue] | None = Field(
+        None, description="only with return_documents: `{text}` for a string document, an object as it was sent"
+    )
     window: WindowResult | None = Field(
         None, description="with max_chunks_per_doc: the window whose score this is (qtrel's, not Cohere's)"
     )
@@ -121,6 +142,7 @@ class CompatRerankResponse(BaseModel):
         description="Cohere's api_version, billed_units (search_units: one per 100 documents, input_tokens) and tokens"
     )
     usage: dict[str, int] = Field(description="Jina's and vLLM's: total_tokens")
+    below_cutoff: int | None = Field(None, description=cutoff.BELOW + " (qtrel's)")
 
 
 async def rerank(
@@ -146,12 +168,22 @@ async def rerank(
         body.chunk_overlap,
         use_cache=use_cache,
         model=body.model,
+        priority=body.priority,
     )
+    floor = cutoff.level_floor(body.min_level, scored.labels, scored.model)
     results: list[dict[str, Any]] = []
+    below = 0
     for i, out in enumerate(scored.outputs):
-        r: dict[str, Any] = {"index": i, "relevance_score": unit_score(out.expected, scored.labels)}
+        relevance = unit_score(out.expected, scored.labels)
+        if not cutoff.kept(out.level, relevance, floor, body.min_score):
+            below += 1
+            continue
+        r: dict[str, Any] = {"index": i, "relevance_score": relevance}
+        doc = body.documents[i]
+        if isinstance(doc, dict) and "id" in doc:
+            r["id"] = doc["id"]
         if body.return_documents:
-            r["document"] = {"text": texts[i]}
+            r["document"] = echoed(doc)
         if (w := window_of(scored, i)) is not None:
             r["window"] = w
         results.append(r)
@@ -164,15 +196,17 @@ async def rerank(
         "billed_units": {"search_units": math.ceil(len(texts) / 100), "input_tokens": tokens},
         "tokens": {"input_tokens": tokens, "output_tokens": 0},
     }
-    return JSONResponse(
-        {
-            "id": str(uuid.uuid4()),
-            "model": scored.model,
-            "results": results,
-            "meta": meta,
-            "usage": {"total_tokens": tokens},
-        }
-    )
+    answer: dict[str, Any] = {
+        "id": str(uuid.uuid4()),
+        "model": scored.model,
+        "results": results,
+        "meta": meta,
+        "usage": {"total_tokens": tokens},
+    }
+    if floor is None and body.min_score is None:
+        return JSONResponse(answer)
+    answer["below_cutoff"] = below
+    return JSONResponse(answer, headers={cutoff.HEADER: str(below)})
 
 
 DESCRIPTION = (

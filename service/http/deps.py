@@ -12,12 +12,12 @@ from pydantic.json_schema import SkipJsonSchema
 
 from service.errors import ErrorKind, ServiceError
 from service.metrics import Metrics
-from service.runtime.engine import Engine
+from service.runtime.engine import EngineAPI
 from service.settings import Settings
 
 
 # async: a sync dependency costs a thread hop per request
-async def get_engine(request: Request) -> Engine:
+async def get_engine(request: Request) -> EngineAPI:
     return request.state.engine
 
 
@@ -29,7 +29,7 @@ async def get_metrics(request: Request) -> Metrics:
     return request.state.metrics
 
 
-EngineDep = Annotated[Engine, Depends(get_engine)]
+EngineDep = Annotated[EngineAPI, Depends(get_engine)]
 SettingsDep = Annotated[Settings, Depends(get_settings)]
 MetricsDep = Annotated[Metrics, Depends(get_metrics)]
 TIMEOUT_MAX_MS = 3_600_000  # an hour: the longest deadline a request may set

@@ -12,6 +12,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse
 
 from model.levels import raw_score
 from service.errors import ErrorKind, ServiceError
+from service.http import cutoff
 from service.http.deps import EngineDep, MetricsDep, SettingsDep, TimeoutHeader, UseCacheDep
 from service.http.schemas import (
     ErrorBody,
@@ -25,7 +26,7 @@ from service.http.schemas import (
 )
 from service.logs import keep_private
 from service.metrics import Metrics
-from service.runtime.engine import Engine, NotReady, Scored, Windowed, WindowPick
+from service.runtime.engine import EngineAPI, NotReady, Scored, Windowed, WindowPick
 from service.settings import Settings
 
 router = APIRouter()  # scoring and /info: protected by an API key when keys are set (app.PROTECTED_ROUTERS)
@@ -65,7 +66,7 @@ def check_limits(s: Settings, queries: list[str], titles: list[str]) -> None:
 
 async def score_watched(
     request: Request,
-    engine: Engine,
+    engine: EngineAPI,
     settings: Settings,
     metrics: Metrics,
     queries,
@@ -79,6 +80,14 @@ async def score_watched(
     client disconnects: its queued pairs never reach the model. A client already gone costs no tokenisation.
     The hang-up cancels this very task (no second task, no `asyncio.wait`: ~15 us a request less)."""
     check_limits(settings, queries, titles)
+    if (limit := settings.unknown_share_refuse) is not None:
+        shares = await engine.unknown_shares(queries, titles, kw.get("model"))
+        if (i := next((i for i, x in enumerate(shares) if x > limit), None)) is not None:
+            raise ServiceError(
+                ErrorKind.VALIDATION,
+                f"pair {i}: {shares[i]:.0%} of its tokens are unknown to the model (unknown_share_refuse "
+                f"{limit}); it cannot read this text: choose a model for its language (GET /v1/models)",
+            )
     gone = asyncio.ensure_future(disconnected(request))
     await asyncio.sleep(0)  # let it see a hang-up that came with the body
     if not gone.done():
@@ -147,16 +156,23 @@ async def score(
         truncation=body.truncation,
         use_cache=use_cache,
         model=body.model,
+        priority=body.priority,
     )
     labels = scored.labels
-    results = []
+    floor = cutoff.level_floor(body.min_level, labels, scored.model)
+    shares = await engine.unknown_shares(queries, titles, body.model)
+    results, below = [], 0
     for i, (out, n, cut) in enumerate(zip(scored.outputs, scored.lengths, scored.truncated)):
+        if not cutoff.kept(out.level, out.expected, floor, body.min_score):
+            below += 1
+            continue
         r: dict[str, Any] = {
             "index": i,
             "level": labels[out.level],
             "score": raw_score(out.logits) if body.raw_scores else out.expected,
             "tokens": n,
             "truncated": cut,
+            "unknown_share": round(shares[i], 4),
         }
         if body.return_probs:
             r["probs"] = dict(zip(labels, out.probs))
@@ -165,7 +181,18 @@ async def score(
         results.append(r)
     if body.top_n is not None:
         results = sorted(results, key=lambda r: -r["score"])[: body.top_n]
-    return JSONResponse({"model": scored.model, "results": results})
+    response: dict[str, Any] = {"model": scored.model, "results": results}
+    headers = {}
+    if floor is not None or body.min_score is not None:
+        response["below_cutoff"] = below
+        headers[cutoff.HEADER] = str(below)
+    if unread := [i for i, x in enumerate(shares) if x > settings.unknown_share_warn]:
+        response["warnings"] = [
+            f"{scored.model} cannot read most of pair(s) {unread[:10]} (over {settings.unknown_share_warn:.0%} "
+            "unknown tokens, see unknown_share): their grades are not meaningful; GET /v1/models lists the "
+            "languages each model reads"
+        ]
+    return JSONResponse(response, headers=headers)
 
 
 @router.post(
@@ -196,6 +223,7 @@ async def predict(
         side=body.truncation_direction.lower(),
         allow_truncation=bool(body.truncate),
         use_cache=use_cache,
+        priority=body.priority,
     )
     labels = scored.labels
     out = []
@@ -230,16 +258,21 @@ async def rerank(
         side=body.truncation_direction.lower(),
         allow_truncation=bool(body.truncate),
         use_cache=use_cache,
+        priority=body.priority,
     )
+    floor = cutoff.level_floor(body.min_level, scored.labels, scored.model)
     ranks = []
     for i, o in enumerate(scored.outputs):
+        if not cutoff.kept(o.level, o.expected, floor, body.min_score):
+            continue
         r: dict[str, Any] = {"index": i, "score": raw_score(o.logits) if body.raw_scores else o.expected}
         if body.return_text:
             r["text"] = body.texts[i]
         if (w := window_of(scored, i)) is not None:
             r["window"] = w
         ranks.append(r)
-    return JSONResponse(sorted(ranks, key=lambda r: -r["score"]))
+    below = {} if floor is None and body.min_score is None else {cutoff.HEADER: str(len(scored.outputs) - len(ranks))}
+    return JSONResponse(sorted(ranks, key=lambda r: -r["score"]), headers=below)
 
 
 # --- operations ----------------------------------------------------------------------------
@@ -264,13 +297,13 @@ async def ready(engine: EngineDep):
 
 
 @metrics_router.get("/metrics", tags=["operations"], response_class=PlainTextResponse)
-async def metrics(metrics: MetricsDep):
+async def metrics(engine: EngineDep):
     from prometheus_client import CONTENT_TYPE_LATEST
 
-    return Response(metrics.render(), media_type=CONTENT_TYPE_LATEST)
+    return Response(await engine.render_metrics(), media_type=CONTENT_TYPE_LATEST)
 
 
 @router.get("/info", response_model=Info, responses={401: {"model": ErrorBody}}, tags=["operations"])
 async def info(engine: EngineDep):
     """The model, its levels and limits, and the effective settings."""
-    return Info(**engine.describe())
+    return Info(**await engine.info())

@@ -20,7 +20,9 @@ from pydantic import (
     StrictStr,
     model_validator,
 )
-from pydantic.json_schema import SkipJsonSchema
+from pydantic.json_schema import SkipJsonSchema, WithJsonSchema
+
+from service.http.cutoff import BELOW, MIN_LEVEL, Level, Score, min_score_doc
 
 # JSON Schema keyword -> the Settings field whose value it takes (resolved by service/openapi.py)
 LIMITS = "x-qtrel-limits"
@@ -66,6 +68,27 @@ MAX_CHUNKS = (
     "scores; every window counts as a pair against max_pairs_per_request. Absent: titles are truncated"
 )
 OVERLAP = "tokens consecutive windows share (default: the chunk_overlap setting; at most half a window is used)"
+
+
+PRIORITY = (
+    "high (the default: interactive, always forwarded first) or low (forwarded only while no high-priority work "
+    "waits, as score jobs are: it uses the capacity live traffic leaves, and may wait long under load); or an "
+    "integer, as vLLM's and Cohere's priority: lower is earlier, 0 or less is high, above 0 is low"
+)
+
+
+def _priority(value: Any) -> Any:
+    value = _integral(value)
+    if isinstance(value, int) and not isinstance(value, bool):
+        return "high" if value <= 0 else "low"
+    return value
+
+
+Priority = Annotated[
+    Literal["high", "low"],
+    BeforeValidator(_priority),
+    WithJsonSchema({"anyOf": [{"type": "string", "enum": ["high", "low"]}, {"type": "integer"}]}),
+]
 
 
 def check_windows(max_chunks: int | None, overlap: int | None, name: str = "max_chunks") -> None:
@@ -131,6 +154,9 @@ class ScoreRequest(BaseModel):
     max_chunks: AtLeastOne | None = Field(None, description=MAX_CHUNKS)
     chunk_overlap: Overlap | None = Field(None, description=OVERLAP)
     model: ModelName | Absent = Field(None, description=MODEL_FIELD)
+    priority: Priority = Field("high", description=PRIORITY)
+    min_level: Level | None = Field(None, description=MIN_LEVEL)
+    min_score: Score | None = Field(None, description=min_score_doc("score (the expected level)"))
 
     @model_validator(mode="after")
     def _one_form(self) -> ScoreRequest:
@@ -164,12 +190,17 @@ class ScoreResult(BaseModel):
     probs: dict[str, float] | None = Field(None, description="probability per level")
     tokens: int = Field(description="tokens the pair used, special tokens included")
     truncated: bool
+    unknown_share: float = Field(
+        0.0, description="share of the pair's tokens the model's vocabulary cannot read (its unknown token)"
+    )
     window: WindowResult | None = Field(None, description="with max_chunks: the window whose scores these are")
 
 
 class ScoreResponse(BaseModel):
     model: str = Field(description="the served model that answered")
     results: list[ScoreResult]
+    below_cutoff: int | None = Field(None, description=BELOW)
+    warnings: list[str] | None = Field(None, description="pairs the model mostly cannot read (unknown_share_warn)")
 
 
 # --- text-embeddings-inference compatible ----------------------------------------------------
@@ -184,6 +215,7 @@ class PredictRequest(BaseModel):
     raw_scores: StrictBool = False
     truncate: StrictBool | None = False
     truncation_direction: Direction = "Right"
+    priority: Priority = Field("high", description=PRIORITY)
 
     def _batch(self) -> list[list[str]]:
         """The inputs as a list of pairs, whichever of the two shapes was sent."""
@@ -228,6 +260,9 @@ class RerankRequest(BaseModel):
     truncation_direction: Direction = "Right"
     max_chunks: AtLeastOne | None = Field(None, description=MAX_CHUNKS + " (qtrel's, not TEI's)")
     chunk_overlap: Overlap | None = Field(None, description=OVERLAP)
+    priority: Priority = Field("high", description=PRIORITY)
+    min_level: Level | None = Field(None, description=MIN_LEVEL + " (qtrel's, not TEI's)")
+    min_score: Score | None = Field(None, description=min_score_doc("score (the expected level)") + " (qtrel's)")
 
     @model_validator(mode="after")
     def _texts(self) -> RerankRequest:
@@ -263,4 +298,5 @@ class Info(BaseModel):
     cache: dict = {}  # the pair-score cache: on or off, its bound, bytes and entries held, the model generation
     models: list[dict] = []  # every served model as GET /v1/models lists it, with its share of the cores
     shadow: dict | None = None  # the shadow model and its sampling, when one is set
+    fronts: dict = {}  # the HTTP front processes: how many (http_workers), why, their socket, pids, restarts
     settings: dict

@@ -7,8 +7,17 @@ goes first, so nothing starves. Small requests go first: an item counts as havin
 SMALL_FIRST_S per pair of the request it came with (at most SMALL_FIRST_MAX_S later), so a one-pair
 request does not queue behind a 200-pair one that arrived a moment before it (and, if that one's client
 hangs up, its pairs are dropped before they take the model). Work whose caller has gone (cancelled
-future) or whose deadline has passed is dropped before it reaches the device. Admission is bounded by
-items and tokens outstanding.
+future) or whose deadline has passed is dropped before it reaches the device.
+
+Two priority classes: "high" (interactive, the default) always goes first; "low" (score jobs, or a
+request that says so) forms batches only when no high work is queued, so that it fills the model processes
+live traffic leaves idle and yields within one batch. A batch holds one class.
+
+Given a `pace` (service.runtime.pace: the model's measured rate), a batch is also bounded in time: it holds
+about `max_batch_s` of work for one process, so that a big request (or one whose client is gone) holds a
+process for that long at most before a small one gets its turn. Admission is bounded by items and tokens
+outstanding and, once the rate is measured, by the expected wait: work whose queue ahead (what would be
+served before it) would take longer than `max_queue_wait_s` is refused, with a Retry-After from the rate.
 """
 
 from __future__ import annotations
@@ -16,95 +25,36 @@ from __future__ import annotations
 import asyncio
 import heapq
 import logging
-import math
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
+
+from service.runtime.batching import (
+    HIGH,
+    LOW,
+    PRIORITIES,
+    SMALL_FIRST_MAX_S,
+    BatchObserver,
+    BatchTracer,
+    Closed,
+    DeadlineExceeded,
+    Item,
+    Meter,
+    NoObserver,
+    Overloaded,
+    order,
+    padded_tokens,
+    plan_batch,
+    priority_of,
+    rank_of,
+)
+
+# the queue's vocabulary (service.runtime.batching), re-exported: its users import it from here
+__all__ = ["PRIORITIES", "Batcher", "Closed", "DeadlineExceeded", "Item", "Overloaded", "padded_tokens", "plan_batch"]
+__all__ += ["priority_of", "BatchObserver", "BatchTracer", "Meter"]
 
 log = logging.getLogger("qtrel.batcher")
-
-SMALL_FIRST_S = 0.002  # seconds of precedence lost per pair of the submitting request
-SMALL_FIRST_MAX_S = 0.4  # the most a big request's items are held back: nothing starves
-
-
-class Overloaded(Exception):
-    def __init__(self, reason: str, retry_after: float):
-        super().__init__(f"queue full ({reason}); retry in {retry_after:.0f}s")
-        self.reason = reason
-        self.retry_after = retry_after
-
-
-class DeadlineExceeded(Exception):
-    pass
-
-
-class Closed(Exception):
-    """The batcher is draining and takes no new work."""
-
-
-class BatchObserver(Protocol):
-    def queued(self, items: int, in_flight: int) -> None: ...
-    def dispatched(self, waits: Sequence[float], lengths: Sequence[int]) -> None: ...
-    def dropped(self, reason: str, n: int) -> None: ...
-
-
-class _NoObserver:
-    def queued(self, items, in_flight):
-        pass
-
-    def dispatched(self, waits, lengths):
-        pass
-
-    def dropped(self, reason, n):
-        pass
-
-
-class BatchTracer(Protocol):
-    """Told each traced batch's timings (monotonic seconds) after it ran; `traces` are the opaque contexts
-    given to `submit`, aligned with `enqueued` and `lengths`. service.tracing turns them into spans."""
-
-    def batch(
-        self,
-        traces: Sequence[Any],
-        enqueued: Sequence[float],
-        started: float,
-        ended: float,
-        lengths: Sequence[int],
-        error: BaseException | None,
-    ) -> None: ...
-
-
-@dataclass(eq=False)
-class Item:
-    length: int
-    payload: Any
-    future: asyncio.Future
-    deadline: float | None  # monotonic seconds
-    enqueued: float = field(default_factory=time.monotonic)
-    trace: Any = None  # the submitter's trace context, for the BatchTracer only
-    tag: str | None = None  # the submitter's name for its work (a request id), for logs only
-    rank: float = 0.0  # the order batches are formed in: arrival, later for items of bigger requests
-
-
-def padded_tokens(lengths: Sequence[int]) -> int:
-    return max(lengths) * len(lengths) if lengths else 0
-
-
-def plan_batch(window: Sequence[Item], max_tokens: int, max_size: int) -> list[Item]:
-    """From a window in rank order (arrival, small requests first), the length-sorted run of items that
-    holds the first one and
-    fits `max_tokens` padded tokens and `max_size` items."""
-    oldest = window[0]
-    ordered = sorted(window, key=lambda it: it.length)
-    batches: list[list[Item]] = [[]]
-    for it in ordered:
-        cur = batches[-1]
-        if cur and (it.length * (len(cur) + 1) > max_tokens or len(cur) >= max_size):
-            batches.append([])
-        batches[-1].append(it)
-    return next(b for b in batches if any(it is oldest for it in b))
 
 
 class Batcher:
@@ -121,10 +71,18 @@ class Batcher:
         observer: BatchObserver | None = None,
         concurrency: int = 1,
         tracer: BatchTracer | None = None,
+        pace: Meter | None = None,
+        max_queue_wait_s: float = 0.0,
+        max_batch_s: float = 0.0,
     ):
         """`concurrency`: batches handed to `run` at once (one per model replica). The next batch is
         formed only when a slot is free, so that it takes everything that arrived meanwhile. `tracer`:
-        told the timings of each batch that holds traced items (None: tracing off, nothing is done)."""
+        told the timings of each batch that holds traced items (None: tracing off, nothing is done).
+        `pace`: the model's measured rate, told every finished batch; with it, `max_queue_wait_s` (0: off)
+        bounds the expected wait at admission and `max_batch_s` (0: off) a batch's time."""
+        self.pace = pace
+        self.max_queue_wait_s = max_queue_wait_s
+        self.max_batch_s = max_batch_s
         self._tracer = tracer
         self._run = run
         self.concurrency = concurrency
@@ -135,38 +93,96 @@ class Batcher:
         self.max_wait_s = max_wait_s
         self.max_queue_items = max_queue_items
         self.max_queue_tokens = max_queue_tokens
-        self._obs = observer or _NoObserver()
+        self._obs = observer or NoObserver()
         self._pending: deque[Item] = deque()
         self._wake = asyncio.Event()
-        self._outstanding_items = 0  # admitted and not yet resolved: queued + on the device
-        self._outstanding_tokens = 0
+        # Per class (PRIORITIES): admitted and not yet resolved (queued + on the device), and on the device.
+        self._items, self._tokens = [0, 0], [0, 0]
+        self._flying, self._flying_tokens = [0, 0], [0, 0]
         self._closed = False
         self._task: asyncio.Task | None = None
         self._idle = asyncio.Event()
         self._idle.set()
-        self._rate = 0.0  # items per second, moving average, for Retry-After
 
     # --- admission ----------------------------------------------------------------------------
     @property
     def outstanding(self) -> int:
-        return self._outstanding_items
+        return sum(self._items)
+
+    def queued(self, priority: int) -> int:
+        """Items of a class waiting for a batch."""
+        return self._items[priority] - self._flying[priority]
 
     def retry_after(self) -> float:
-        backlog = self._outstanding_items
-        return max(1.0, math.ceil(backlog / self._rate)) if self._rate > 0 else 1.0
+        """Seconds until everything outstanding is worked off, by the measured rate (1 while unknown)."""
+        return self.pace.retry_after(sum(self._tokens), 0.0) if self.pace else 1.0
+
+    def _ahead(self, priority: int) -> tuple[int, int]:
+        """Items and tokens a new request of this class counts against the bounds: its own class and the
+        higher ones, and a lower class's only where it is on the device (queued low work never crowds out
+        high work)."""
+        if priority == HIGH:
+            return self._items[HIGH] + self._flying[LOW], self._tokens[HIGH] + self._flying_tokens[LOW]
+        return sum(self._items), sum(self._tokens)
+
+    def _wait_ahead(self, tokens: int, priority: int, rank: float) -> int:
+        """`tokens` ahead less the queued ones of the same class that rank after `rank` (bigger requests
+        that came a moment earlier): only the newest SMALL_FIRST_MAX_S of arrivals can, so only they are read."""
+        for it in reversed(self._pending):  # arrival order
+            if it.enqueued + SMALL_FIRST_MAX_S <= rank:
+                break
+            if it.priority == priority and it.rank > rank:
+                tokens -= it.length
+        return tokens
+
+    def refusal(self, items: int = 1, tokens: int = 0, priority: int = HIGH) -> Overloaded | None:
+        """Why `items` more of this class (and `tokens`, if known) could not be admitted now; None if they can."""
+        n, t = self._ahead(priority)
+        if n + items > self.max_queue_items:
+            return Overloaded("pairs", self.retry_after())
+        if tokens and t + tokens > self.max_queue_tokens:
+            return Overloaded("tokens", self.retry_after())
+        limit = self.max_queue_wait_s
+        if self.pace is None or limit <= 0 or (wait := self.pace.seconds(t)) is None or wait <= limit:
+            return None
+        t = self._wait_ahead(t, priority, rank_of(time.monotonic(), items))
+        wait = self.pace.seconds(t) or 0.0
+        if wait <= limit:
+            return None
+        detail = f"{wait:.1f}s of work ahead, over max_queue_wait_ms={limit * 1000:g}"
+        return Overloaded("wait", self.pace.retry_after(t, limit), detail)
 
     def full(self) -> bool:
-        """Nothing more can be admitted now: not even one item."""
-        return self._outstanding_items >= self.max_queue_items or self._outstanding_tokens >= self.max_queue_tokens
+        """Nothing more can be admitted now: not even one high item."""
+        return self.refusal() is not None
 
-    def check_admission(self, items: int, tokens: int = 0) -> None:
-        """Raise Overloaded (or Closed) if `items` more could not be admitted now."""
+    def check_admission(self, items: int, tokens: int = 0, priority: int = HIGH) -> None:
+        """Raise Overloaded (or Closed) if `items` more of this class could not be admitted now."""
         if self._closed:
             raise Closed("draining: no new work is accepted")
-        if self._outstanding_items + items > self.max_queue_items:
-            raise Overloaded("pairs", self.retry_after())
-        if tokens and self._outstanding_tokens + tokens > self.max_queue_tokens:
-            raise Overloaded("tokens", self.retry_after())
+        if (refused := self.refusal(items, tokens, priority)) is not None:
+            self._obs.refused(refused.reason)
+            raise refused
+
+    def promote(self, futures: Sequence[asyncio.Future]) -> None:
+        """Queued lower-class items of these futures move to the first class (a high request joined them)."""
+        if not self.queued(LOW):
+            return
+        wanted = {id(f) for f in futures}
+        for it in self._pending:
+            if it.priority != HIGH and id(it.future) in wanted:
+                self._count(it, -1)
+                it.priority = HIGH
+                self._count(it, 1)
+        self._report()
+
+    def _count(self, it: Item, sign: int) -> None:
+        self._items[it.priority] += sign
+        self._tokens[it.priority] += sign * it.length
+
+    def _report(self) -> None:
+        self._obs.queued(len(self._pending), self.outstanding)
+        self._obs.depths([self.queued(c) for c in range(len(PRIORITIES))])
 
     def submit(
         self,
@@ -174,25 +190,26 @@ class Batcher:
         deadline: float | None = None,
         trace: Any = None,
         tag: str | None = None,
+        priority: int = HIGH,
     ) -> list[asyncio.Future]:
         """Queue (length, payload) items; returns one future per item, resolved with its result. `trace`:
         an opaque context handed back to the tracer with this work's batch timings; `tag` names the work
-        in the log line of an item that fails alone."""
+        in the log line of an item that fails alone; `priority` its class (an index in PRIORITIES)."""
         if any(length > self.max_batch_tokens for length, _ in work):
             raise ValueError(f"an item is longer than max_batch_tokens ({self.max_batch_tokens})")
-        self.check_admission(len(work), sum(length for length, _ in work))
+        self.check_admission(len(work), sum(length for length, _ in work), priority)
         loop = asyncio.get_running_loop()
         futures = []
         now = time.monotonic()
-        rank = now + min(SMALL_FIRST_MAX_S, SMALL_FIRST_S * len(work))
+        rank = rank_of(now, len(work))
         for length, payload in work:
             fut = loop.create_future()
-            self._pending.append(Item(length, payload, fut, deadline, now, trace, tag, rank))
+            it = Item(length, payload, fut, deadline, now, trace, tag, rank, priority)
+            self._pending.append(it)
+            self._count(it, 1)
             futures.append(fut)
-        self._outstanding_items += len(work)
-        self._outstanding_tokens += sum(length for length, _ in work)
         self._idle.clear()
-        self._obs.queued(len(self._pending), self._outstanding_items)
+        self._report()
         self._wake.set()
         return futures
 
@@ -226,11 +243,11 @@ class Batcher:
 
     # --- the loop -----------------------------------------------------------------------------
     def _release(self, items: Sequence[Item]) -> None:
-        self._outstanding_items -= len(items)
-        self._outstanding_tokens -= sum(it.length for it in items)
-        if self._outstanding_items == 0:
+        for it in items:
+            self._count(it, -1)
+        if self.outstanding == 0:
             self._idle.set()
-        self._obs.queued(len(self._pending), self._outstanding_items)
+        self._report()
 
     def _prune(self) -> None:
         """Drop items whose caller left or whose deadline passed; they never reach the device."""
@@ -253,11 +270,17 @@ class Batcher:
             if late:
                 self._obs.dropped("deadline", len(late))
 
-    async def _wait_to_fill(self) -> None:
+    def batch_tokens(self) -> int:
+        """The padded tokens a batch may hold now: max_batch_tokens, or about max_batch_s of one process's work."""
+        if self.pace is None or self.max_batch_s <= 0:
+            return self.max_batch_tokens
+        return self.pace.batch_tokens(self.max_batch_s, self.max_batch_tokens)
+
+    async def _wait_to_fill(self, budget: int) -> None:
         """Wait until the pending work fills a batch or the oldest item has waited max_wait."""
         while self._pending:
             lengths = [it.length for it in self._pending]
-            if padded_tokens(lengths) >= self.max_batch_tokens or len(lengths) >= self.max_batch_size:
+            if padded_tokens(lengths) >= budget or len(lengths) >= self.max_batch_size:
                 return
             left = self._pending[0].enqueued + self.max_wait_s - time.monotonic()
             if left <= 0 or self._closed:
@@ -276,21 +299,27 @@ class Batcher:
                 continue
             await self._slots.acquire()  # a replica is free: now form the batch
             try:
-                await self._wait_to_fill()
+                budget = self.batch_tokens()
+                await self._wait_to_fill(budget)
                 self._prune()
             except BaseException:
                 self._slots.release()
                 raise
             if not self._pending:
+                if self.pace is not None:
+                    self.pace.idle()
                 self._slots.release()
                 continue
-            window = heapq.nsmallest(self.max_batch_size * 4, self._pending, key=lambda it: it.rank)
-            batch = plan_batch(window, self.max_batch_tokens, self.max_batch_size)
+            window = heapq.nsmallest(self.max_batch_size * 4, self._pending, key=order)
+            window = [it for it in window if it.priority == window[0].priority]  # a batch holds one class
+            batch = plan_batch(window, budget, self.max_batch_size)
             chosen = set(map(id, batch))
             self._pending = deque(it for it in self._pending if id(it) not in chosen)
             now = time.monotonic()
+            self._flying[batch[0].priority] += len(batch)
+            self._flying_tokens[batch[0].priority] += sum(it.length for it in batch)
             self._obs.dispatched([now - it.enqueued for it in batch], [it.length for it in batch])
-            self._obs.queued(len(self._pending), self._outstanding_items)
+            self._report()
             task = asyncio.create_task(self._dispatch(batch))
             self._running.add(task)
             task.add_done_callback(self._running.discard)
@@ -323,12 +352,13 @@ class Batcher:
         finally:
             self._slots.release()
             t1 = time.monotonic()
-            dt = t1 - t0
             if self._tracer is not None and any(it.trace is not None for it in batch):
                 self._trace(batch, t0, t1, error)
-            if dt > 0:  # items per second over all slots, for Retry-After
-                inst = len(batch) / dt * self.concurrency
-                self._rate = inst if self._rate == 0 else 0.8 * self._rate + 0.2 * inst
+            tokens = sum(it.length for it in batch)
+            self._flying[batch[0].priority] -= len(batch)
+            self._flying_tokens[batch[0].priority] -= tokens
+            if self.pace is not None and error is None:
+                self.pace.done(tokens, waiting=bool(self._pending))
             self._release(batch)
 
     def _trace(self, batch: list[Item], started: float, ended: float, error: BaseException | None) -> None:

@@ -20,24 +20,27 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from model.chunks import split_pairs
-from model.tokenizer import EncodedPairs
 from service.logs import request_id
 from service.metrics import Metrics
+from service.runtime.api import EngineAPI
 from service.runtime.backend import BackendError, NotReady
-from service.runtime.batcher import Closed, DeadlineExceeded, Overloaded
+from service.runtime.batcher import HIGH, Closed, DeadlineExceeded, Overloaded, priority_of
 from service.runtime.cache import Cached, Key, ScoreCache, make_key
+from service.runtime.encoded import Encoded, Stale
 from service.runtime.flight import Flight, Flights
-from service.runtime.layout import package_version
+from service.runtime.layout import package_version, resolve_http_workers
 from service.runtime.models import ModelNotFound, Models, ReloadBusy, ReloadFailed, Served, Slot
 from service.runtime.results import InferenceFailed, InputTooLong, Scored, Tokenized
-from service.runtime.windows import TooManyWindows, Windowed, WindowPick, flatten, reduce
+from service.runtime.texts import INLINE_PAIRS, TextSide
+from service.runtime.windows import TooManyWindows, Windowed, WindowPick
 from service.runtime.worker import ModelInfo
 from service.settings import Settings
 from service.tracing import Tracing
 
-__all__ = [  # the errors HTTP maps (service.http.errors), with the engine's own
+__all__ = [  # the errors HTTP maps (service.http.errors), with the engine's own, and its interface
     "BackendError",
+    "EngineAPI",
+    "INLINE_PAIRS",
     "Closed",
     "DeadlineExceeded",
     "Engine",
@@ -49,6 +52,7 @@ __all__ = [  # the errors HTTP maps (service.http.errors), with the engine's own
     "ReloadBusy",
     "ReloadFailed",
     "Scored",
+    "Stale",
     "Tokenized",
     "TooManyWindows",
     "WindowPick",
@@ -57,11 +61,8 @@ __all__ = [  # the errors HTTP maps (service.http.errors), with the engine's own
 
 log = logging.getLogger("qtrel.engine")
 
-# Requests with at most this many pairs are tokenised on the event loop (see Engine.score).
-INLINE_PAIRS = 4
 
-
-class Engine:
+class Engine(TextSide):
     def __init__(self, settings: Settings, models: Models, metrics: Metrics, tracing: Tracing | None = None):
         self.settings = settings
         self.tracing = tracing or Tracing()  # off: every call a no-op
@@ -153,7 +154,23 @@ class Engine:
             "settings": s.public(),
         }
 
+    async def info(self) -> dict:
+        """`describe` and the HTTP layout, as the routes ask for it (awaited: in a front process it is the
+        engine core's answer, service.runtime.remote)."""
+        return self.describe() | {"fronts": {"http_workers": 1, "chosen": resolve_http_workers(self.settings)[1]}}
+
+    async def model_list(self) -> list[dict]:
+        return self.listing()
+
+    async def render_metrics(self) -> bytes:
+        """The /metrics text: this process's registry (with fronts, the core merges every process's)."""
+        return self.metrics.render()
+
     # --- scoring ------------------------------------------------------------------------------
+    def _tokenizer_of(self, model: str | None, ready: bool) -> tuple[str, ModelInfo]:
+        served = self.require_ready(model) if ready else self.models.get(model)
+        return served.name, self._model(served.current)
+
     @staticmethod
     def _model(slot: Slot) -> ModelInfo:
         info = slot.info
@@ -171,9 +188,9 @@ class Engine:
         """A scoring request's refusal while admission is full, before its body is read (microseconds)."""
         return self.models.refuse_early()
 
-    def _admit(self, slot: Slot, pairs: int) -> None:
+    def _admit(self, slot: Slot, pairs: int, priority: int) -> None:
         try:
-            slot.batcher.check_admission(pairs)  # refuse before spending work
+            slot.batcher.check_admission(pairs, priority=priority)  # refuse before spending work
         except Overloaded:
             self.metrics.rejected.labels("overloaded").inc()
             raise
@@ -188,17 +205,23 @@ class Engine:
         allow_truncation: bool = True,
         use_cache: bool = True,
         model: str | None = None,
+        priority: str = "high",
+        encoded: Encoded | None = None,
     ) -> Scored:
         """Score the pairs with the model named (None: the default), each distinct pair once: from the
         cache (unless `use_cache` is false: the caller asked for fresh scores, which are then cached),
         joining the same pair already in flight for another request, or forwarded. A sample of the
-        default model's pairs is handed to the shadow model, if any, after the answer is known."""
+        default model's pairs is handed to the shadow model, if any, after the answer is known.
+        `encoded`: the pairs as a front process tokenised them, with that model's load generation (Stale
+        when the model was reloaded since). `priority`: "high" (interactive) or "low" (score jobs: forwarded
+        only while no high work waits)."""
         served = self.require_ready(model)
         deadline = time.monotonic() + (timeout_ms or self.settings.request_timeout_ms) / 1000
+        args = (queries, titles, truncation, side, deadline, allow_truncation, use_cache, priority_of(priority))
         async with served.hold(deadline) as slot:
-            scored = await self._score(
-                served.name, slot, queries, titles, truncation, side, deadline, allow_truncation, use_cache
-            )
+            if encoded is not None and encoded.generation != slot.generation:
+                raise Stale(served.name, slot.generation)
+            scored = await self._score(served.name, slot, *args, encoded)
         if (shadow := self.models.shadow) is not None and served is self.models.default:
             shadow.offer(queries, titles, scored, truncation, side)
         return scored
@@ -214,6 +237,8 @@ class Engine:
         deadline: float,
         allow_truncation: bool,
         use_cache: bool,
+        priority: int,
+        pre: Encoded | None = None,
     ) -> Scored:
         model = self._model(slot)
         keys = [
@@ -232,11 +257,16 @@ class Engine:
                 flights[k] = f
             else:
                 todo[k] = i
+        if flights and priority == HIGH:  # a pair a low-priority request queued now waits for no one
+            slot.batcher.promote([f.future for f in flights.values()])
         if todo:
-            self._admit(slot, len(todo))
-            enc = await self._encode(
-                model, [queries[i] for i in todo.values()], [titles[i] for i in todo.values()], truncation, side
-            )
+            self._admit(slot, len(todo), priority)
+            if pre is not None:
+                enc = pre.pick(list(todo.values()))
+            else:
+                enc = await self._encode(
+                    model, [queries[i] for i in todo.values()], [titles[i] for i in todo.values()], truncation, side
+                )
             encoded = dict(zip(todo, zip(enc.lengths, zip(enc.input_ids, enc.token_type_ids), enc.truncated)))
             for k in list(todo):  # while it was tokenised, another request may have queued the same pair
                 if (f := self.flights.get(k)) is not None:
@@ -249,12 +279,12 @@ class Engine:
             if (first := next((i for i, k in enumerate(keys) if cut[k]), None)) is not None:
                 raise InputTooLong(first, model.max_length)
         if todo:
-            mine = self._submit(slot, [encoded[k][:2] for k in todo], deadline)
+            mine = self._submit(slot, [encoded[k][:2] for k in todo], deadline, priority)
             for k, fut in zip(todo, mine):
                 n, payload, cut_ = encoded[k]
                 flights[k] = self.flights.start(k, Flight(fut, payload, n, cut_, deadline))
         if flights:
-            await self._wait(slot, flights, deadline)
+            await self._wait(slot, flights, deadline, priority)
         for k, f in flights.items():
             found[k] = Cached(f.future.result(), f.length, f.truncated)
         outputs = [found[k] for k in keys]
@@ -269,60 +299,24 @@ class Engine:
             name,
         )
 
-    async def score_windows(
-        self, queries: list[str], titles: list[str], max_chunks: int, overlap: int | None = None, **options
-    ) -> Windowed:
-        """`score`, each title longer than the model's window split into at most `max_chunks` windows that
-        share `overlap` tokens (default: the chunk_overlap setting); a title gets its best window's scores
-        (service.runtime.windows). The windows count against max_pairs_per_request."""
-        served = self.require_ready(options.get("model"))
-        n = self.settings.chunk_overlap if overlap is None else overlap
-        args = (self._model(served.current).tokenizer, queries, titles, max_chunks, n)
-        if len(titles) <= INLINE_PAIRS:
-            docs = split_pairs(*args)
-        else:
-            docs = await asyncio.get_running_loop().run_in_executor(self._tok_pool, split_pairs, *args)
-        if (windows := sum(map(len, docs))) > self.settings.max_pairs_per_request:
-            raise TooManyWindows(windows, self.settings.max_pairs_per_request)
-        s = await self.score(*flatten(queries, docs), **options)
-        return reduce(s.outputs, s.lengths, s.truncated, docs, s.labels, s.model)
-
-    async def _encode(
-        self, model: ModelInfo, queries: list[str], titles: list[str], truncation: str, side: str
-    ) -> EncodedPairs:
-        t0 = time.perf_counter()
-        tok = model.tokenizer
-        with self.tracing.span("qtrel.tokenize", pairs=len(queries)) as span:
-            if len(queries) <= INLINE_PAIRS:  # ~50 us: cheaper here than a hop to the tokeniser thread
-                enc = tok.encode(queries, titles, truncation=truncation, side=side)  # type: ignore[arg-type]
-            else:
-                enc = await asyncio.get_running_loop().run_in_executor(
-                    self._tok_pool,
-                    lambda: tok.encode(queries, titles, truncation=truncation, side=side),  # type: ignore[arg-type]
-                )
-            span.set_attribute("qtrel.tokens", sum(enc.lengths))
-        self.metrics.tokenize_seconds.observe(time.perf_counter() - t0)
-        return enc
-
-    def _submit(self, slot: Slot, items: list[tuple[int, Any]], deadline: float) -> list[asyncio.Future]:
+    def _submit(self, slot: Slot, items: list[tuple[int, Any]], deadline: float, priority: int) -> list[asyncio.Future]:
         try:
-            return slot.batcher.submit(
-                items, deadline, trace=self.tracing.context(), tag=f"request {request_id.get() or '-'}"
-            )
+            tag = f"request {request_id.get() or '-'}"
+            return slot.batcher.submit(items, deadline, trace=self.tracing.context(), tag=tag, priority=priority)
         except Overloaded:
             self.metrics.rejected.labels("overloaded").inc()
             raise
 
-    def _requeue(self, slot: Slot, deadline: float) -> Callable[[Key, Flight], Flight]:
+    def _requeue(self, slot: Slot, deadline: float, priority: int) -> Callable[[Key, Flight], Flight]:
         def requeue(key: Key, old: Flight) -> Flight:
-            (fut,) = self._submit(slot, [(old.length, old.payload)], deadline)
+            (fut,) = self._submit(slot, [(old.length, old.payload)], deadline, priority)
             return Flight(fut, old.payload, old.length, old.truncated, deadline)
 
         return requeue
 
-    async def _wait(self, slot: Slot, flights: dict[Key, Flight], deadline: float) -> None:
+    async def _wait(self, slot: Slot, flights: dict[Key, Flight], deadline: float, priority: int) -> None:
         try:
-            await self.flights.wait(flights, deadline, self._requeue(slot, deadline))
+            await self.flights.wait(flights, deadline, self._requeue(slot, deadline, priority))
         except DeadlineExceeded:
             self.metrics.rejected.labels("deadline").inc()
             raise
@@ -347,29 +341,6 @@ class Engine:
             )
             self.metrics.cache_bytes.set(self.cache.bytes)
             self.metrics.cache_entries.set(len(self.cache))
-
-    async def tokenize(
-        self,
-        queries: list[str],
-        titles: list[str],
-        truncation: str = "only_second",
-        side: str = "right",
-        model: str | None = None,
-    ) -> Tokenized:
-        """The pairs' tokens under these truncation options, and what truncation kept and cut."""
-        served = self.models.get(model)
-        info = self._model(served.current)
-        tok = info.tokenizer
-
-        def work() -> Tokenized:
-            enc, cuts = tok.explain_truncation(queries, titles, truncation=truncation, side=side)  # type: ignore[arg-type]
-            return Tokenized(
-                enc, [tok.tokens(ids) for ids in enc.input_ids], cuts, tok.tokens, info.max_length, served.name
-            )
-
-        if len(queries) <= INLINE_PAIRS:
-            return work()
-        return await asyncio.get_running_loop().run_in_executor(self._tok_pool, work)
 
     async def explain(self, query: str, title: str, model: str | None = None, **options) -> dict:
         """model.explain.explain_pair on a model, between batches (the worker's "explain" job)."""

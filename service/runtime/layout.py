@@ -117,6 +117,18 @@ def resolve_layout(settings: Settings, device: str, cores: int | None = None) ->
     return (replicas or max(1, cores // threads)), threads
 
 
+def resolve_http_workers(settings: Settings) -> tuple[int, str]:
+    """The front processes to run, and why. `auto`: on a GPU the model needs few host cores, so half the
+    cores serve HTTP; on a CPU the model processes need the cores, and a second front only pays where
+    they have at least 8 (measured on 2 vCPUs: docs/fronts-bench.md), then one front per 8 cores."""
+    if settings.http_workers != "auto":
+        return int(settings.http_workers), "set"
+    cores = usable_cores()
+    if resolve_device_name(settings.device).startswith("cuda"):
+        return max(1, min(8, cores // 2)), f"auto: cuda, {cores} cores"
+    return max(1, min(4, cores // 8)), f"auto: cpu, {cores} cores"
+
+
 def package_version() -> str:
     from importlib.metadata import PackageNotFoundError, version
 

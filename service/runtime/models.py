@@ -21,6 +21,7 @@ from service.metrics import Metrics
 from service.runtime.backend import NotReady, State
 from service.runtime.batcher import Batcher, Overloaded
 from service.runtime.layout import memory_available, package_version, resolve_runtime, usable_cores
+from service.runtime.pace import Pace
 from service.runtime.shadow import Shadow
 from service.runtime.slot import ModelNotFound, ReloadBusy, ReloadFailed, Served, Slot
 from service.runtime.worker import Worker
@@ -105,6 +106,9 @@ class Models:
             observer=observer,
             concurrency=worker.size,
             tracer=self.tracing.batch_tracer if self.tracing else None,
+            pace=Pace(worker.size),
+            max_queue_wait_s=s.max_queue_wait_ms / 1000,
+            max_batch_s=s.max_batch_ms / 1000,
         )
         return Slot(runtime, worker, batcher, generation)
 
@@ -207,10 +211,12 @@ class Models:
 
     def refuse_early(self) -> Overloaded | None:
         """Before a request's model is known: refused only when every model's queue is full."""
-        if not all(m.current.batcher.full() for m in self._served):
+        refusals = [m.current.batcher.refusal() for m in self._served]
+        if (first := refusals[0]) is None or None in refusals:
             return None
         self.metrics.rejected.labels("overloaded").inc()
-        return Overloaded("pairs", self.default.current.batcher.retry_after())
+        self.metrics.admission_refused.labels(self.default.name, first.reason).inc()
+        return first
 
     async def reload(self, name: str | None, path: str | None = None) -> dict | None:
         """Reload one model (optionally from a new path): what it serves now, or ReloadFailed / ReloadBusy
@@ -284,6 +290,7 @@ class Models:
             "owned_by": "qtrel",
             "path": str(rt.model_dir),
             "levels": info.labels if info else [],
+            "languages": languages(rt.model_dir),
             "dtype": info.dtype if info else rt.dtype,
             "device": str(info.device) if info else rt.device,
             "state": m.state(),
@@ -304,6 +311,15 @@ class Models:
         need = sum(_rss(pid) for pid in served.current.worker.pids)
         free = memory_available()
         return free is None or need == 0 or 2 * need < free
+
+
+def languages(model_dir: Path) -> list[str] | None:
+    """The languages a checkpoint says it reads (config key `languages`, e.g. ["zh", "en"]); None: unsaid."""
+    try:
+        got = json.loads((Path(model_dir) / "config.json").read_text(encoding="utf-8")).get("languages")
+    except (OSError, ValueError):
+        return None
+    return [str(x) for x in got] if isinstance(got, list) else None
 
 
 def _rss(pid: int) -> int:

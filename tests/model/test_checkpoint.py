@@ -120,9 +120,15 @@ def test_csv_with_byte_order_mark_reads(tmp_path):
     assert ds.examples[0].query == "drill" and ds.labels == [4]
 
 
-def test_position_ids_buffer_is_ignored(ckpt):
+def test_position_ids_buffer_is_ignored(tiny_checkpoint, ckpt):
+    # Older transformers checkpoints save this buffer; it is not a weight, and loading must not call it unexpected
     edit_weights(ckpt, lambda s: s.update({"bert.embeddings.position_ids": torch.arange(128)[None]}))
-    RelevanceModel.load(ckpt)
+    with_buffer, plain = RelevanceModel.load(ckpt), RelevanceModel.load(tiny_checkpoint)
+    ids, seg, mask = batch(plain)
+    with torch.inference_mode():
+        got, _ = with_buffer.module(ids, seg, mask)
+        want, _ = plain.module(ids, seg, mask)
+    assert torch.equal(got, want)
 
 
 # --- not a checkpoint -----------------------------------------------------------------------------
@@ -201,8 +207,11 @@ class Payload:
 
 
 def test_safetensors_is_preferred_over_bin(ckpt):
-    (ckpt / "pytorch_model.bin").write_bytes(b"not a pickle")
-    RelevanceModel.load(ckpt)
+    state = load_file(str(ckpt / "model.safetensors"))
+    torch.save({k: torch.zeros_like(v) for k, v in state.items()}, ckpt / "pytorch_model.bin")  # loadable, different
+    model = RelevanceModel.load(ckpt)
+    assert torch.equal(model.module.classifier.weight, state["classifier.weight"].float())
+    assert model.module.classifier.weight.abs().sum() > 0  # not the zeros of the .bin
 
 
 def test_half_precision_save_loads_as_float32(tiny_checkpoint, tmp_path):

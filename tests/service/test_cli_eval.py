@@ -54,9 +54,20 @@ def test_eval_writes_a_reliability_diagram_and_ece_per_level(tiny_checkpoint, fi
     rc, out, _ = _run(capsys, "eval", tiny_checkpoint, files["dev"], "--reliability-png", png)
     assert rc == 0 and f"reliability diagram: {png}" in out
     assert png.read_bytes().startswith(PNG_MAGIC) and png.stat().st_size > 5000
-    rc, out, _ = _run(capsys, "eval", tiny_checkpoint, files["dev"], "--json", "--reliability-png", png)
+    rc, out, _ = _run(
+        capsys, "eval", tiny_checkpoint, files["dev"], "--json", "--reliability-png", png, "--dtype", "float32"
+    )
     ece = json.loads(out)["results"]["model"]["ece_per_level"]
-    assert len(ece) == 5 and all(0 <= v <= 1 for v in ece)
+    # the same figure worked out from the model's own probabilities on the same file
+    from model.data import read_labelled
+    from model.relevance import RelevanceModel
+    from model.train.evaluate import score_dataset
+    from model.train.metrics import reliability
+
+    model = RelevanceModel.load(tiny_checkpoint)
+    ds = read_labelled(files["dev"], model.labels)
+    want = [lv["ece"] for lv in reliability(score_dataset(model, ds.examples).probs.tolist(), ds.labels)]
+    assert len(ece) == 5 and ece == pytest.approx(want, abs=1e-4)
 
 
 def test_eval_beside_the_baseline(tiny_checkpoint, files, capsys, tmp_path):

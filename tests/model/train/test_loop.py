@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import json
 import logging
+import math
 import shutil
 from pathlib import Path
 
@@ -152,7 +153,9 @@ def test_negatives_and_the_ordinal_term_train_and_report_negatives(tiny_checkpoi
     assert summary["steps"] == 12 and len(summary["losses"]) == 12
     last = summary["history"][-1]
     assert {"neg_level12_share", "neg_auc", "neg_level1_share"} <= set(last)
-    assert 0.0 <= last["neg_auc"] <= 1.0
+    # dev negatives share their queries with judged pairs, so the AUC is defined (NaN when none do)
+    assert not math.isnan(last["neg_auc"])
+    assert last["neg_level1_share"] <= last["neg_level12_share"]
 
 
 def test_loss_has_the_expected_level_term():

@@ -183,3 +183,13 @@ def test_reliability_bins_predicted_against_observed_and_its_ece():
     (b,) = over[0]["bins"]
     assert (b["lo"], b["hi"], b["observed"], b["n"]) == (0.9, 1.0, 0.5, 1000)
     assert b["predicted"] == pytest.approx(0.95) and over[0]["ece"] == pytest.approx(0.45)
+
+
+def test_same_query_auc_counts_wins_and_half_ties_within_a_query_only():
+    from model.train.evaluate import same_query_auc
+
+    # query a: judged 0.9 and 0.5 against negatives 0.5 and 0.1 -> wins 1 + 1 + 0.5 + 1 of 4; query b's negative
+    # 0.95 is never compared with a's pairs, and b's judged pair has no negative of its own
+    auc = same_query_auc(["a", "a", "b"], [0.9, 0.5, 0.2], ["a", "a", "c"], [0.5, 0.1, 0.95])
+    assert auc == 3.5 / 4
+    assert math.isnan(same_query_auc(["a"], [0.5], ["b"], [0.1]))

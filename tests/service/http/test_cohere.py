@@ -54,7 +54,8 @@ def test_documents_as_objects_top_n_and_return_documents(server):
     res = r.json()["results"]
     assert len(res) == 2
     for x in res:
-        assert x["document"] == {"text": TITLES[x["index"]]}
+        assert x["document"] == docs[x["index"]]  # the object as sent, its id included
+        assert x["id"] == f"doc-{x['index']}"
     every = httpx.post(server.url + "/v1/rerank", json={"query": QUERY, "documents": TITLES}).json()["results"]
     assert [x["index"] for x in res] == [x["index"] for x in every[:2]]
     mixed = httpx.post(

@@ -8,6 +8,8 @@ import time
 import pytest
 
 from service.runtime.batcher import Batcher, Closed, DeadlineExceeded, Item, Overloaded, padded_tokens, plan_batch
+from service.runtime.batching import HIGH, LOW
+from service.runtime.pace import Pace
 
 
 class Recorder:
@@ -199,5 +201,136 @@ def test_an_item_whose_result_is_an_exception_fails_alone():
         assert res[0] == "done:a" and res[2] == "done:b" and isinstance(res[1], ValueError)
         assert b.outstanding == 0
         await b.stop()
+
+    asyncio.run(main())
+
+
+# --- priority classes, the measured pace, batches bounded in time, admission by expected wait -------------
+def measured(rate: float, concurrency: int = 1) -> Pace:
+    """A pace that has measured `rate` tokens a second (finished batches while work waited)."""
+    pace = Pace(concurrency)
+    for i in range(5):
+        pace.done(int(rate), waiting=i < 4, now=float(i))  # the last ran the queue dry: what follows is new
+    return pace
+
+
+def test_pace_knows_nothing_until_measured_and_ignores_idle_time():
+    pace = Pace(2)
+    assert pace.rate == 0 and pace.seconds(1000) is None and pace.batch_tokens(0.05, 8192) == 8192
+    pace.done(100, waiting=True, now=0.0)
+    pace.done(100, waiting=True, now=0.1)
+    assert pace.rate == 0  # one interval: not trusted yet
+    for t in (0.2, 0.3):
+        pace.done(100, waiting=True, now=t)
+    assert pace.rate == pytest.approx(1000, rel=0.01)
+    pace.done(100, waiting=False, now=0.4)  # nothing waited behind it: the queue ran dry
+    pace.idle()
+    pace.done(100, waiting=True, now=10.0)  # the 9.6 s gap was the traffic's, not the model's
+    assert pace.rate == pytest.approx(1000, rel=0.01)
+    assert pace.seconds(2000) == pytest.approx(2.0, rel=0.01)
+    assert pace.batch_tokens(0.05, 8192) == 25  # 1000 tokens/s over 2 processes, 50 ms of one's work
+    assert pace.retry_after(3500, 1.0) == 3  # 3.5 s of work to bring down to 1 s
+
+
+def test_a_high_priority_item_goes_first_and_low_work_fills_idle_time():
+    async def main():
+        rec = Recorder(delay=0.05)
+        b = make(rec, max_batch_size=2, max_wait_s=0.0)
+        low = b.submit([(4, f"low{i}") for i in range(6)], priority=LOW)
+        b.start()
+        await asyncio.sleep(0.02)  # the first low batch is on the device
+        high = b.submit([(4, "high")])
+        await asyncio.gather(*low, *high)
+        assert all(p.startswith("low") for p in rec.batches[0])
+        assert rec.batches[1] == ["high"]  # yielded within one batch, and rides alone: a batch holds one class
+        assert sum(len(x) for x in rec.batches) == 7
+        await b.stop()
+
+    asyncio.run(main())
+
+
+def test_queued_low_work_never_crowds_out_high_work():
+    async def main():
+        b = make(Recorder(), max_queue_items=10)
+        b.submit([(4, i) for i in range(9)], priority=LOW)  # not started: queued
+        fut = b.submit([(4, "x")], priority=LOW)
+        with pytest.raises(Overloaded):
+            b.submit([(4, "more low")], priority=LOW)
+        assert len(b.submit([(4, h) for h in range(10)])) == 10  # high: queued low work is not counted
+        with pytest.raises(Overloaded):
+            b.submit([(4, "y")])
+        assert b.queued(LOW) == 10 and b.queued(HIGH) == 10
+        b.promote(fut)  # a high request joined that pair: it now waits for no low work
+        assert b.queued(LOW) == 9 and b.queued(HIGH) == 11
+        await b.stop()
+
+    asyncio.run(main())
+
+
+def test_refused_by_expected_wait_with_retry_after_from_the_measured_rate():
+    async def main():
+        b = make(Recorder(), max_batch_tokens=200, max_queue_tokens=100_000, pace=measured(1000), max_queue_wait_s=1.0)
+        for i in range(11):  # one-pair requests of 100 tokens: the 11th has 1.0 s of work ahead, admitted
+            b.submit([(100, i)])
+        with pytest.raises(Overloaded) as e:  # 1.1 s ahead
+            b.submit([(100, "late")])
+        assert e.value.reason == "wait" and e.value.retry_after == 1 and "max_queue_wait_ms=1000" in str(e.value)
+        assert b.full()
+        b.max_queue_wait_s = 10.0
+        for i in range(40):
+            b.submit([(100, i)])
+        b.max_queue_wait_s = 1.0
+        with pytest.raises(Overloaded) as e:
+            b.submit([(100, "later")], priority=LOW)
+        assert e.value.retry_after == 5  # 5.1 s of work ahead, down to 1 s
+        await b.stop()
+
+    asyncio.run(main())
+
+
+def test_a_one_pair_request_is_not_refused_for_the_big_one_it_will_pass():
+    async def main():
+        b = make(Recorder(), max_batch_tokens=200, max_queue_items=1000, pace=measured(1000), max_queue_wait_s=1.0)
+        b.submit([(10, i) for i in range(150)])  # 1.5 s of work, ranked 0.3 s later than its arrival
+        b.submit([(10, "one")])  # ranks before it: nothing ahead
+        with pytest.raises(Overloaded):
+            b.submit([(10, i) for i in range(150)])  # ranks after it
+        await b.stop()
+
+    asyncio.run(main())
+
+
+def test_before_the_rate_is_measured_only_the_pair_bound_holds():
+    async def main():
+        b = make(Recorder(), max_batch_tokens=200, max_queue_items=50, pace=Pace(1), max_queue_wait_s=0.001)
+        b.submit([(100, i) for i in range(50)])
+        with pytest.raises(Overloaded) as e:
+            b.submit([(100, "x")])
+        assert e.value.reason == "pairs" and e.value.retry_after == 1
+        await b.stop()
+
+    asyncio.run(main())
+
+
+def test_batches_hold_about_max_batch_s_of_work_and_the_pace_is_measured():
+    async def main():
+        async def run(payloads):  # a device that takes 1 ms per 10 tokens
+            rec.batches.append(list(payloads))
+            await asyncio.sleep(len(payloads) * 10 / 10_000)
+            return payloads
+
+        rec = Recorder()
+        pace = measured(10_000)
+        b = make(run, max_batch_tokens=1000, max_batch_size=100, max_queue_items=1000, pace=pace, max_batch_s=0.02)
+        b.start()
+        await asyncio.gather(*b.submit([(10, i) for i in range(200)]))
+        assert max(len(x) for x in rec.batches) <= 20  # 20 ms of 10,000 tokens a second: 200 tokens
+        assert 3_000 < pace.rate < 15_000  # measured from the batches themselves (sleep overshoots a little)
+        unbounded = make(Recorder(), max_batch_tokens=1000, max_batch_size=100, max_queue_items=1000)
+        unbounded.start()
+        await asyncio.gather(*unbounded.submit([(10, i) for i in range(200)]))
+        assert max(len(x) for x in unbounded._run.batches) == 100  # type: ignore[attr-defined]
+        await b.stop()
+        await unbounded.stop()
 
     asyncio.run(main())

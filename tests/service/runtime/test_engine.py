@@ -105,7 +105,8 @@ def test_explanations_are_the_workers_named_job(tiny_checkpoint):
 
     out = served(make_engine(tiny_checkpoint), body)
     assert {"tokens", "layers", "term_matching_heads", "occlusion"} <= set(out)
-    assert len(out["term_matching_heads"]) <= 2
+    heads = out["term_matching_heads"]  # the pair shares "cordless" and "drill": top_heads of them, best first
+    assert len(heads) == 2 and heads[0]["score"] >= heads[1]["score"]
 
 
 def test_a_model_that_cannot_load_fails_readiness_and_scoring(tmp_path):

@@ -1,0 +1,133 @@
+"""What the batcher (service.runtime.batcher) works with: the items it queues, their classes and the order
+batches are formed in, how one batch is planned, its errors, and the hooks it reports to (an observer of the
+queue, a tracer of batches, the meter of the model's pace). Like the batcher, it knows nothing of the model."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+SMALL_FIRST_S = 0.002  # seconds of precedence lost per pair of the submitting request
+SMALL_FIRST_MAX_S = 0.4  # the most a big request's items are held back: nothing starves
+PRIORITIES = ("high", "low")  # the classes, first served first; an item's `priority` is its index here
+HIGH, LOW = 0, 1
+
+
+class Overloaded(Exception):
+    """Admission refused: `reason` "pairs" or "tokens" (a queue bound), or "wait" (the queue ahead would take
+    longer than max_queue_wait_s)."""
+
+    def __init__(self, reason: str, retry_after: float, detail: str = ""):
+        super().__init__(f"queue full ({detail or reason}); retry in {retry_after:.0f}s")
+        self.reason = reason
+        self.retry_after = retry_after
+
+
+def priority_of(name: str) -> int:
+    """The class index of a priority name ("high" or "low"); ValueError for any other."""
+    try:
+        return PRIORITIES.index(name)
+    except ValueError:
+        raise ValueError(f"priority must be one of {', '.join(PRIORITIES)}, got {name!r}") from None
+
+
+class DeadlineExceeded(Exception):
+    pass
+
+
+class Closed(Exception):
+    """The batcher is draining and takes no new work."""
+
+
+class BatchObserver(Protocol):
+    def queued(self, items: int, in_flight: int) -> None: ...
+    def dispatched(self, waits: Sequence[float], lengths: Sequence[int]) -> None: ...
+    def dropped(self, reason: str, n: int) -> None: ...
+    def refused(self, reason: str) -> None: ...
+    def depths(self, queued: Sequence[int]) -> None: ...  # items queued per class, in PRIORITIES order
+
+
+class NoObserver:
+    def queued(self, items, in_flight):
+        pass
+
+    def dispatched(self, waits, lengths):
+        pass
+
+    def dropped(self, reason, n):
+        pass
+
+    def refused(self, reason):
+        pass
+
+    def depths(self, queued):
+        pass
+
+
+class Meter(Protocol):
+    """The model's measured pace (service.runtime.pace.Pace), told every finished batch."""
+
+    def done(self, tokens: int, waiting: bool) -> None: ...
+    def idle(self) -> None: ...
+    def seconds(self, tokens: float) -> float | None: ...
+    def retry_after(self, tokens: float, limit_s: float) -> float: ...
+    def batch_tokens(self, seconds: float, most: int) -> int: ...
+
+
+class BatchTracer(Protocol):
+    """Told each traced batch's timings (monotonic seconds) after it ran; `traces` are the opaque contexts
+    given to `submit`, aligned with `enqueued` and `lengths`. service.tracing turns them into spans."""
+
+    def batch(
+        self,
+        traces: Sequence[Any],
+        enqueued: Sequence[float],
+        started: float,
+        ended: float,
+        lengths: Sequence[int],
+        error: BaseException | None,
+    ) -> None: ...
+
+
+@dataclass(eq=False)
+class Item:
+    length: int
+    payload: Any
+    future: asyncio.Future
+    deadline: float | None  # monotonic seconds
+    enqueued: float = field(default_factory=time.monotonic)
+    trace: Any = None  # the submitter's trace context, for the BatchTracer only
+    tag: str | None = None  # the submitter's name for its work (a request id), for logs only
+    rank: float = 0.0  # the order batches are formed in: arrival, later for items of bigger requests
+    priority: int = HIGH  # index in PRIORITIES: a lower class waits for the higher one
+
+
+def order(it: Item) -> tuple[int, float]:
+    return it.priority, it.rank
+
+
+def rank_of(now: float, pairs: int) -> float:
+    """Where a request of `pairs` arriving `now` ranks: later by SMALL_FIRST_S a pair, at most SMALL_FIRST_MAX_S."""
+    return now + min(SMALL_FIRST_MAX_S, SMALL_FIRST_S * pairs)
+
+
+def padded_tokens(lengths: Sequence[int]) -> int:
+    return max(lengths) * len(lengths) if lengths else 0
+
+
+def plan_batch(window: Sequence[Item], max_tokens: int, max_size: int) -> list[Item]:
+    """From a window in rank order (arrival, small requests first), the length-sorted run of items that
+    holds the first one and
+    fits `max_tokens` padded tokens and `max_size` items."""
+    oldest = window[0]
+    ordered = sorted(window, key=lambda it: it.length)
+    batches: list[list[Item]] = [[]]
+    for it in ordered:
+        cur = batches[-1]
+        if cur and (it.length * (len(cur) + 1) > max_tokens or len(cur) >= max_size):
+            batches.append([])
+        batches[-1].append(it)
+    return next(b for b in batches if any(it is oldest for it in b))

@@ -1,0 +1,242 @@
+"""The engine as a front process sees it: the same calls as the one-process `Engine`, so that the routes
+never branch. It tokenises here (service.runtime.texts) and sends token ids to the engine core
+(service.runtime.core); readiness and liveness come from the state the core pushes on every change.
+
+A front holds no queue, cache or model: only a tokenizer per served model, loaded from the model's
+directory for the generation the core serves. Tokens made for a generation the core has since reloaded
+come back `Stale`; the front waits for the new state, loads the new tokenizer and sends them again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from model.tokenizer import PairTokenizer
+from service.logs import request_id
+from service.metrics import Metrics
+from service.metrics_merge import samples
+from service.runtime.backend import BackendError, NotReady
+from service.runtime.batcher import Closed, DeadlineExceeded, Overloaded
+from service.runtime.encoded import Stale
+from service.runtime.models import ModelNotFound, ReloadBusy, ReloadFailed
+from service.runtime.results import InferenceFailed, InputTooLong, Scored
+from service.runtime.texts import TextSide
+from service.runtime.wire import Channel, error_classes, load_error
+from service.runtime.worker_api import ModelInfo, PairOutput
+from service.settings import Settings
+from service.tracing import Tracing
+
+log = logging.getLogger("qtrel.front")
+
+ERRORS = error_classes(
+    BackendError,
+    NotReady,
+    Closed,
+    DeadlineExceeded,
+    Overloaded,
+    Stale,
+    ModelNotFound,
+    ReloadBusy,
+    ReloadFailed,
+    InferenceFailed,
+    InputTooLong,
+    ValueError,
+)
+STALE_TRIES = 3  # a request tokenised again at most this often while models are reloaded under it
+STATE_WAIT_S = 2.0
+
+
+class RemoteEngine(TextSide):
+    def __init__(self, settings: Settings, metrics: Metrics, path: str, tracing: Tracing | None = None):
+        self.settings = settings
+        self.metrics = metrics
+        self.tracing = tracing or Tracing()
+        self.path = path  # the core's Unix socket
+        self.channel: Channel | None = None
+        self.state: dict = {"ready": [False, "connecting to the engine core"], "live": [True, ""], "models": []}
+        self._changed = asyncio.Event()
+        self._waiting: dict[int, asyncio.Future] = {}
+        self._ids = 0
+        self._draining = False
+        self._tokenizers: dict[tuple[str, int], PairTokenizer] = {}
+        self._infos: dict[str, tuple[int, ModelInfo]] = {}  # name -> (generation, info with its tokenizer)
+        self._tok_pool = ThreadPoolExecutor(1, thread_name_prefix="qtrel-tokenize")
+        self.on_lost = lambda: None  # the core is gone: the front process ends (service.front)
+
+    # --- lifecycle ------------------------------------------------------------------------------
+    async def start(self) -> str | None:
+        loop = asyncio.get_running_loop()
+        channel = self.channel = Channel(self._on_frame, self._lost)
+        try:
+            await loop.create_unix_connection(lambda: channel, self.path)
+        except OSError as e:
+            return f"cannot reach the engine core at {self.path}: {e}"
+        channel.send(("hello", 0, os.getpid()))
+        return None
+
+    def _lost(self) -> None:
+        self.state = {"ready": [False, "engine core gone"], "live": [False, "engine core gone"], "models": []}
+        for f in self._waiting.values():
+            if not f.done():
+                f.set_exception(NotReady("engine core gone"))
+        self.on_lost()
+
+    def readiness(self) -> tuple[bool, str]:
+        if self._draining:
+            return False, "draining"
+        ok, why = self.state["ready"]
+        return ok, why
+
+    def liveness(self) -> tuple[bool, str]:
+        ok, why = self.state["live"]
+        return ok, why
+
+    def begin_drain(self) -> None:
+        self._draining = True
+
+    async def drain(self, timeout: float) -> None:
+        self.begin_drain()  # the requests in flight are the HTTP server's to finish; the queue is the core's
+
+    async def stop(self) -> None:
+        if self.channel is not None:
+            self.channel.on_close = lambda: None
+            self.channel.close()
+        self._tok_pool.shutdown(wait=False, cancel_futures=True)
+
+    def refuse_early(self) -> Overloaded | None:
+        return None  # admission is the core's: a full server answers 429 once the request reaches it
+
+    # --- frames ---------------------------------------------------------------------------------
+    def _on_frame(self, frame: tuple) -> None:
+        op, rid = frame[0], frame[1]
+        if op == "ok" or op == "err":
+            f = self._waiting.pop(rid, None)
+            if f is not None and not f.done():
+                if op == "ok":
+                    f.set_result(frame[2])
+                else:
+                    f.set_exception(load_error(frame[2], ERRORS))
+        elif op == "state":
+            self.state = frame[2]
+            self._changed.set()
+            self._changed = asyncio.Event()
+            for m in self.state["models"]:  # load a new generation's tokenizer now, not in a request
+                try:
+                    self._tokenizer_of(m["name"], ready=False)
+                except Exception as e:  # not loaded yet, or a tokenizer that fails: the requests will say
+                    log.debug("tokenizer of %s not loaded: %s", m["name"], e)
+        elif op == "collect":
+            assert self.channel is not None
+            self.channel.send(("collected", rid, samples(self.metrics.registry)))
+
+    async def _ask(self, *frame: Any) -> Any:
+        if self.channel is None or self.channel.closed.is_set():
+            raise NotReady("engine core gone")
+        self._ids += 1
+        rid = self._ids
+        f = asyncio.get_running_loop().create_future()
+        self._waiting[rid] = f
+        self.channel.send((frame[0], rid, *frame[1:]))
+        try:
+            return await f
+        except asyncio.CancelledError:
+            self.channel.send(("cancel", rid))  # the client hung up: the core lets go of its pairs
+            raise
+        finally:
+            self._waiting.pop(rid, None)
+
+    # --- models ---------------------------------------------------------------------------------
+    def _model_state(self, name: str | None) -> dict:
+        models = self.state["models"]
+        if not models:
+            raise NotReady(self.state["ready"][1] or "loading")
+        if name is None or len(models) == 1:
+            return models[0]
+        for m in models:
+            if m["name"] == name:
+                return m
+        raise ModelNotFound(name, [m["name"] for m in models])
+
+    def require_ready(self, model: str | None = None) -> None:
+        ok, why = self.readiness()
+        if not ok and not why.startswith("reloading"):
+            raise NotReady(why)
+        self._model_state(model)
+
+    def _tokenizer_of(self, model: str | None, ready: bool) -> tuple[str, ModelInfo]:
+        if ready:
+            self.require_ready(model)
+        m = self._model_state(model)
+        if m["info"] is None:
+            raise NotReady("loading")
+        held = self._infos.get(m["name"])
+        if held is None or held[0] != m["generation"]:
+            i = m["info"]
+            key = (m["path"], i["max_length"])
+            if (tok := self._tokenizers.get(key)) is None:
+                tok = self._tokenizers[key] = PairTokenizer.from_dir(m["path"], max_length=i["max_length"])
+            held = (m["generation"], ModelInfo(**i, tokenizer=tok, details={}))
+            self._infos[m["name"]] = held
+        return m["name"], held[1]
+
+    # --- the engine's calls ---------------------------------------------------------------------
+    async def score(
+        self,
+        queries: list[str],
+        titles: list[str],
+        truncation: str = "only_second",
+        side: str = "right",
+        timeout_ms: int | None = None,
+        allow_truncation: bool = True,
+        use_cache: bool = True,
+        model: str | None = None,
+        priority: str = "high",
+    ) -> Scored:
+        for _ in range(STALE_TRIES):
+            name, info = self._tokenizer_of(model, ready=True)
+            generation = self._infos[name][0]
+            enc = await self._encode(info, queries, titles, truncation, side)
+            args = {
+                "model": model,
+                "generation": generation,
+                "truncation": truncation,
+                "side": side,
+                "timeout_ms": timeout_ms,
+                "allow_truncation": allow_truncation,
+                "use_cache": use_cache,
+                "priority": priority,
+                "queries": queries,
+                "titles": titles,
+                "ids": enc.input_ids,
+                "segs": enc.token_type_ids,
+                "cut": enc.truncated,
+                "rid": request_id.get() or "",
+            }
+            try:
+                outs, lengths, cut, labels, served = await self._ask("score", args)
+            except Stale:
+                changed = self._changed
+                if self._model_state(model)["generation"] == generation:  # the new state is on its way
+                    await asyncio.wait_for(changed.wait(), STATE_WAIT_S)
+                continue
+            return Scored([PairOutput(*o) for o in outs], lengths, cut, labels, served)
+        raise NotReady(f"model {model or 'default'} is being reloaded")
+
+    async def explain(self, query: str, title: str, model: str | None = None, **options) -> dict:
+        return await self._ask("call", "explain", {"query": query, "title": title, "model": model, **options})
+
+    async def reload(self, name: str | None = None, path: str | None = None) -> dict | None:
+        return await self._ask("call", "reload", {"name": name, "path": path})
+
+    async def info(self) -> dict:
+        return await self._ask("call", "info", {})
+
+    async def model_list(self) -> list[dict]:
+        return await self._ask("call", "model_list", {})
+
+    async def render_metrics(self) -> bytes:
+        return await self._ask("metrics")

@@ -1,0 +1,255 @@
+"""`qtrel serve --http-workers 2` as real processes: two front processes on one port feeding one engine
+core. One server (two models, a shadow, API and admin keys) is shared by the route tests; drain, the crash
+loop and the core's death each end a server of their own."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import httpx
+import pytest
+
+from tests.conftest import make_tiny_checkpoint
+from tests.e2e.test_sigterm import gone, wait_ready
+from tests.service.conftest import free_port
+
+pytestmark = pytest.mark.slow
+KEY, KEY2, ADMIN = "key-one-0123456789", "key-two-0123456789", "admin-0123456789"
+BODY = {"query": "cordless drill", "titles": ["dewalt 20v max cordless drill", "garden hose 50 ft"]}
+
+
+def serve(model_args: list[str], port: int, log, *extra: str, env: dict | None = None) -> subprocess.Popen:
+    cmd = [sys.executable, "-m", "service.cli", "serve", *model_args, "--host", "127.0.0.1", "--port", str(port)]
+    cmd += ["--http-workers", "2", "--no-warmup", "--inference", "torch", *extra]
+    environ = {**os.environ, "QTREL_LOG_JSON": "true", **(env or {})}
+    return subprocess.Popen(cmd, env=environ, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+
+
+class Server:
+    def __init__(self, proc: subprocess.Popen, port: int, keys):
+        self.proc, self.url, self.keys = proc, f"http://127.0.0.1:{port}", keys
+
+    def post(self, path: str, body, key: str | None = KEY, **kw) -> httpx.Response:
+        headers = {"Authorization": f"Bearer {key}"} if key else {}
+        return httpx.post(self.url + path, json=body, headers=headers | kw.pop("headers", {}), timeout=30, **kw)
+
+    def get(self, path: str, key: str | None = KEY) -> httpx.Response:
+        return httpx.get(self.url + path, headers={"Authorization": f"Bearer {key}"} if key else {}, timeout=30)
+
+    def fronts(self) -> dict:
+        return self.get("/info").json()["fronts"]
+
+    def metric(self, line_start: str) -> float:
+        for line in self.get("/metrics").text.splitlines():
+            if line.startswith(line_start + " "):
+                return float(line.split()[-1])
+        return 0.0
+
+
+@pytest.fixture(scope="module")
+def server(tiny_checkpoint, tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("fronts")
+    second = make_tiny_checkpoint(tmp / "second", seed=1)
+    shadow = make_tiny_checkpoint(tmp / "shadow", seed=2)
+    keys = tmp / "keys.txt"
+    keys.write_text(KEY + "\n")
+    port = free_port()
+    models = ["--model", f"a={tiny_checkpoint}", "--model", f"b={second}"]
+    extra = ["--shadow", f"s={shadow}", "--shadow-rate", "1", "--api-keys-file", str(keys), "--admin-keys", ADMIN]
+    with open(tmp / "server.log", "w") as log:
+        proc = serve(models, port, log, *extra)
+    srv = Server(proc, port, keys)
+    try:
+        wait_ready(srv.url, proc, timeout=180)
+        yield srv
+    finally:
+        proc.terminate()
+        proc.wait(90)
+
+
+def test_info_shows_two_fronts_and_every_route_answers(server):
+    f = server.fronts()
+    assert f["http_workers"] == 2 and len(f["pids"]) == 2 and f["chosen"] == "set"
+    a = server.post("/score", BODY | {"model": "a", "return_probs": True})
+    b = server.post("/score", BODY | {"model": "b"})
+    assert a.status_code == 200 and b.status_code == 200, (a.text, b.text)
+    assert a.json()["model"] == "a" and len(a.json()["results"][0]["probs"]) == 5
+    assert [r["score"] for r in a.json()["results"]] != [r["score"] for r in b.json()["results"]]
+    pred = server.post("/predict", {"inputs": [["drill", "cordless drill"], ["drill", "hose"]]})
+    assert pred.status_code == 200 and len(pred.json()) == 2
+    rr = server.post("/rerank", {"query": "drill", "texts": ["hose", "cordless drill"], "return_text": True})
+    assert rr.status_code == 200 and {r["text"] for r in rr.json()} == {"hose", "cordless drill"}
+    for path in ("/v1/rerank", "/v2/rerank"):
+        r = server.post(path, {"model": "a", "query": "drill", "documents": ["hose", "drill"], "top_n": 1})
+        assert r.status_code == 200 and len(r.json()["results"]) == 1, r.text
+    tok = server.post("/tokenize", {"query": "drill", "title": "cordless drill", "model": "b"})
+    assert tok.status_code == 200 and tok.json()["results"][0]["input_ids"][0] == 101
+    ex = server.post("/explain", {"query": "drill", "title": "cordless drill"})
+    assert ex.status_code == 200 and ex.json()["model"] == "a", ex.text
+    long = " ".join(["cordless drill with two batteries and a charger"] * 35)
+    w = server.post("/score", {"query": "drill", "titles": [long], "max_chunks": 8})
+    assert w.status_code == 200 and w.json()["results"][0]["window"]["count"] > 1, w.text
+    listing = server.get("/v1/models").json()["data"]
+    assert [m["id"] for m in listing] == ["a", "b"]
+    assert server.get("/health/live", key=None).status_code == 200
+    assert server.get("/health/ready", key=None).status_code == 200
+    assert server.post("/score", {"query": "drill"}).status_code == 422
+    assert server.post("/score", BODY | {"model": "nope"}).status_code == 404
+    assert server.post("/score", {"query": "x" * 5000, "titles": ["y"]}).status_code == 413
+
+
+def test_the_cache_and_metrics_are_one_across_fronts(server):
+    hits0 = server.metric("qtrel_cache_hits_total")
+    scored0 = server.metric('qtrel_requests_total{route="/score",status="200"}')
+    body = {"query": "unique query for the cache", "titles": ["one title only"], "model": "a"}
+    assert server.post("/score", body).status_code == 200  # scored once: cached in the core
+
+    async def many():  # 24 connections at once: both fronts take some
+        async with httpx.AsyncClient(headers={"Authorization": f"Bearer {KEY}"}, timeout=30) as client:
+            return await asyncio.gather(*(client.post(server.url + "/score", json=body) for _ in range(24)))
+
+    assert [r.status_code for r in asyncio.run(many())] == [200] * 24
+    assert server.metric("qtrel_cache_hits_total") - hits0 == 24  # not 24 - 1 per front
+    assert server.metric('qtrel_requests_total{route="/score",status="200"}') - scored0 == 25
+    text = server.get("/metrics").text
+    assert 'qtrel_request_duration_seconds_count{route="/score"}' in text
+    assert "qtrel_shadow_pairs_total" in text and "qtrel_queue_depth" in text
+    assert server.metric('qtrel_pairs_total{model="a"}') >= 25
+
+
+def test_keys_are_required_and_rotate_on_sighup(server):
+    assert server.post("/score", BODY, key=None).status_code == 401
+    assert server.post("/score", BODY, key="wrong").status_code == 401
+    server.keys.write_text(KEY2 + "\n" + KEY + "\n")
+    server.proc.send_signal(signal.SIGHUP)  # also reloads every model: the generations move
+    for _ in range(8):  # fresh connections: both fronts read the new file
+        assert server.post("/score", BODY, key=KEY2).status_code == 200
+    server.keys.write_text(KEY + "\n")
+    server.proc.send_signal(signal.SIGHUP)
+    deadline = time.monotonic() + 60
+    while server.post("/score", BODY, key=KEY2).status_code != 401:
+        assert time.monotonic() < deadline
+        time.sleep(0.2)
+
+
+def test_reload_by_the_admin_route_moves_every_front_to_the_new_generation(server):
+    gen = {m["id"]: m["generation"] for m in server.get("/v1/models").json()["data"]}
+    assert server.post("/admin/models/b/reload", None, key=KEY).status_code == 401
+    deadline = time.monotonic() + 60
+    while (r := server.post("/admin/models/b/reload", None, key=ADMIN)).status_code == 409:  # a SIGHUP's reload
+        assert time.monotonic() < deadline
+        time.sleep(0.5)
+    assert r.status_code == 200 and r.json()["generation"] > gen["b"], r.text
+    for _ in range(8):  # each front tokenises for the new generation at once
+        assert server.post("/score", BODY | {"model": "b"}).status_code == 200
+    assert server.metric('qtrel_model_reloads_total{model="b",result="ok"}') >= 1
+
+
+def test_a_killed_front_is_replaced_while_the_other_serves(server):
+    before = server.fronts()
+    os.kill(before["pids"][0], signal.SIGKILL)
+    deadline = time.monotonic() + 60
+    served = 0
+    while True:
+        try:
+            served += server.post("/score", BODY).status_code == 200
+        except httpx.TransportError:
+            pass  # a connection the dead front had accepted
+        f = server.fronts()
+        if f["restarts"] > before["restarts"] and len(f["pids"]) == 2 and served >= 5:
+            break
+        assert time.monotonic() < deadline, f
+        time.sleep(0.1)
+    assert before["pids"][0] not in f["pids"] and before["pids"][1] in f["pids"]
+    assert server.get("/health/live", key=None).status_code == 200
+
+
+def descendants(pid: int) -> set[int]:
+    out, todo = set(), [pid]
+    while todo:
+        p = todo.pop()
+        try:
+            with open(f"/proc/{p}/task/{p}/children") as f:
+                kids = [int(k) for k in f.read().split()]
+        except OSError:
+            continue
+        out.update(kids)
+        todo += kids
+    return out
+
+
+def test_sigterm_drains_every_front_and_loses_nothing(tiny_checkpoint, tmp_path):
+    port = free_port()
+    with open(tmp_path / "server.log", "w") as log:
+        extra = ("--max-batch-size", "1", "--drain-timeout-s", "60", "--request-timeout-ms", "120000")
+        proc = serve(["--model", str(tiny_checkpoint)], port, log, *extra)
+    srv = Server(proc, port, None)
+    try:
+        wait_ready(srv.url, proc, timeout=120)
+        kids = descendants(proc.pid)
+        titles = [f"cordless drill number {i}" for i in range(10)]
+
+        async def main():
+            async with httpx.AsyncClient(timeout=90) as client:
+                tasks = [
+                    asyncio.create_task(client.post(srv.url + "/score", json={"query": f"q{i}", "titles": titles}))
+                    for i in range(30)
+                ]
+                for _ in range(100):  # until most of the work is queued in the core
+                    await asyncio.sleep(0.05)
+                    if srv.metric("qtrel_pairs_in_flight") >= 150:
+                        break
+                proc.send_signal(signal.SIGTERM)
+                return await asyncio.gather(*tasks, return_exceptions=True)
+
+        results = asyncio.run(main())
+        statuses = [r.status_code if isinstance(r, httpx.Response) else type(r).__name__ for r in results]
+        assert statuses == [200] * 30, statuses
+        assert proc.wait(timeout=90) == 0
+        assert all(gone(k, 10) for k in kids)  # fronts and model processes: no orphans
+        with pytest.raises(httpx.TransportError):  # nothing accepted after the exit, to be dropped
+            httpx.get(srv.url + "/health/ready", timeout=2)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+
+def test_a_front_crash_loop_fails_liveness_and_the_core_s_death_ends_the_fronts(tiny_checkpoint, tmp_path):
+    port = free_port()
+    with open(tmp_path / "server.log", "w") as log:
+        proc = serve(["--model", str(tiny_checkpoint)], port, log)
+    srv = Server(proc, port, None)
+    try:
+        wait_ready(srv.url, proc, timeout=120)
+        killed: set[int] = set()
+        deadline = time.monotonic() + 120
+        while True:  # kill every front as soon as it is up, until liveness reports the crash loop
+            try:
+                live = httpx.get(srv.url + "/health/live", timeout=5)
+                if live.status_code == 503:
+                    assert "crash loop" in live.json()["error"], live.text
+                    break
+                for pid in set(srv.fronts()["pids"]) - killed:
+                    os.kill(pid, signal.SIGKILL)
+                    killed.add(pid)
+            except httpx.TransportError:
+                pass
+            assert time.monotonic() < deadline
+            time.sleep(0.2)
+        assert len(killed) >= 6
+        fronts = set(srv.fronts()["pids"])
+        assert fronts
+        proc.kill()  # the core dies: its fronts end, and nothing answers on the port
+        assert all(gone(p, 15) for p in fronts)
+        with pytest.raises(httpx.TransportError):
+            httpx.get(srv.url + "/health/live", timeout=2)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        for pid in descendants(proc.pid):
+            os.kill(pid, signal.SIGKILL)
