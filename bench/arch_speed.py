@@ -18,6 +18,7 @@ import platform
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -25,12 +26,14 @@ from model.device import cpu_flags
 from model.relevance import RelevanceModel
 from tests.model.arch_fixtures import VOCAB, random_pairs, tiny_wordpiece
 
-SHAPE = dict(vocab_size=VOCAB, hidden_size=384, num_hidden_layers=4, num_attention_heads=12)
+SHAPE: dict[str, Any] = dict(vocab_size=VOCAB, hidden_size=384, num_hidden_layers=4, num_attention_heads=12)
 
 
 def build(name: str, path: Path) -> None:
     import transformers as tf
 
+    cfg: Any
+    cls: Any
     if name == "bert":
         cfg = tf.BertConfig(**SHAPE, intermediate_size=1536)
         cls = tf.BertForSequenceClassification

@@ -16,6 +16,7 @@ from torch import Tensor, nn
 from model.arch import Network
 from model.bert import BertForRelevance
 from model.engines.base import EngineKind, Ids, Kernels
+from model.engines.modern_packed import ModernPackedEngine, modern_engine
 from model.engines.packed import PackedBertForRelevance, packed
 from model.kernels import choose_attention, install_cpu_kernels, set_attention, warm_linear_shapes
 from model.modernbert import ModernBertForRelevance
@@ -88,7 +89,7 @@ def torch_engine(
     onednn: bool = False,
     unpadded: bool = False,
     attention: str = "auto",
-) -> PaddedEngine:
+) -> PaddedEngine | ModernPackedEngine:
     """The torch engine for `module` (consumed: its layers may be swapped) on `device` in `dtype` (a key of
     DTYPES): packed where `unpadded` and on the cpu, else padded; with `onednn` on the cpu, the linear layers
     this CPU runs fastest and the attention kernel `attention` asks for (`model.kernels.choose_attention`)."""
@@ -105,8 +106,6 @@ def torch_engine(
     kernels = Kernels()
     if isinstance(module, ModernBertForRelevance):  # its own packed engine (model.engines.modern_packed)
         if unpadded and cpu and torch_dtype is not None:
-            from model.engines.modern_packed import modern_engine  # it builds on this module's PaddedEngine
-
             return modern_engine(module, device, torch_dtype, pad_id, onednn)
         return PaddedEngine(module, device, pad_id, kernels)
     if onednn and torch_dtype is not None and cpu and isinstance(module, PackedBertForRelevance):

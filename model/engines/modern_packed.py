@@ -5,14 +5,15 @@ head run on each pair's rows. Equal to ModernBertForRelevance's padded forward (
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import cast
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from model.arch import Network
 from model.engines.base import EngineKind, Ids, Kernels
-from model.engines.eager import PaddedEngine
 from model.engines.packed import MATH_MAX_TOKENS, math_attention
 from model.kernels import onednn_available, onednn_pays, per_group_attention, probe
 from model.modernbert import Layer, ModernBertForRelevance, rotary, rotate
@@ -118,14 +119,24 @@ def install_linears(module: PackedModernBert, dtype: torch.dtype) -> str:
     return "onednn-packed"
 
 
-class ModernPackedEngine(PaddedEngine):
-    """ModernBERT's batches without padding through `PackedModernBert.forward_packed` (cpu only)."""
+class ModernPackedEngine:
+    """ModernBERT's batches without padding through `PackedModernBert.forward_packed` (cpu only); a torch
+    engine (model.engines.base.TorchForward)."""
 
     kind = EngineKind.PACKED
+    own_threads = False
 
     def __init__(self, module: PackedModernBert, device: torch.device, pad_id: int, kernels: Kernels):
-        super().__init__(module, device, pad_id, kernels)
+        self.module: Network = module
         self.packed = module
+        self.device, self.pad_id, self.kernels = device, pad_id, kernels
+
+    def use_attention(self, kind: str) -> None:
+        """The per-group attention kernel, "math" or "sdpa" (A/Bs); the fused kernel is BERT's."""
+        if kind not in ("math", "sdpa"):
+            raise ValueError(f"ModernBERT attends per group with math or sdpa, not {kind!r}")
+        self.packed.grouped = kind
+        self.kernels = replace(self.kernels, attention=kind, attention_reason="set by use_attention")
 
     def logits(
         self, input_ids: Ids, token_type_ids: Ids, head_mask: Tensor | None = None, on_device: bool = False
@@ -146,6 +157,10 @@ class ModernPackedEngine(PaddedEngine):
         for n in token_buckets(max_batch_tokens):
             for (fan_in, _), lin in seen.items():
                 lin(torch.zeros(n, fan_in, dtype=dtype))
+
+    @property
+    def torch(self) -> ModernPackedEngine:  # last in the class: the name would shadow the module above it
+        return self
 
 
 def modern_engine(
