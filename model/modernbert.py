@@ -3,9 +3,8 @@ and attention that alternates between global layers and local ones, where a toke
 within half the window (`local_attention // 2`) on either side; a final norm, then the head: dense ->
 activation -> norm over [CLS] (or the mean of the tokens), and the classifier.
 
-It runs on padded batches (the plain path: `scaled_dot_product_attention`, or materialised
-probabilities when they are asked for); the packed, oneDNN and fused-kernel path of model.bert does not
-cover it yet, and RelevanceModel says so (`describe()["path"]`)."""
+This is the reference forward, on padded batches (`scaled_dot_product_attention`, or materialised
+probabilities when they are asked for); the fast CPU path without padding is model.engines.modern_packed."""
 
 from __future__ import annotations
 

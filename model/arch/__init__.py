@@ -1,6 +1,7 @@
 """The architectures qtrel loads, chosen once at load from config.json's `model_type`: BERT, XLM-RoBERTa
-(and RoBERTa), ELECTRA and DistilBERT on model.bert (the fast CPU path included), ModernBERT on
-model.modernbert (the plain path). Each names its checkpoints' tensors and config keys (model.arch.spec)."""
+(and RoBERTa), ELECTRA and DistilBERT on model.bert (its fast CPU path included), ModernBERT on
+model.modernbert (model.engines.modern_packed without padding). Each names its checkpoints' tensors and
+config keys (model.arch.spec)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,7 @@
 """ModernBERT (ModernBertForSequenceClassification): config.json in either form transformers writes (the
 Hub's `global_attn_every_n_layers` / `global_rope_theta` / `local_rope_theta`, or `layer_types` /
-`rope_parameters`), tensors under `model.`; model.modernbert runs it, on the plain path."""
+`rope_parameters`), tensors under `model.`; model.modernbert runs it, model.engines.modern_packed on the
+fast CPU path."""
 
 from __future__ import annotations
 
@@ -108,7 +109,7 @@ MODERNBERT = Architecture(
     read_config=read_config,
     write_config=write_config,
     build=build,
-    fast=False,
+    fast=True,
     ours="encoder.",
     pooler_key="dense.weight",
 )

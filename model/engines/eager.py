@@ -17,7 +17,9 @@ from model.arch import Network
 from model.bert import BertForRelevance
 from model.engines.base import EngineKind, Ids, Kernels
 from model.engines.kernels import choose_attention, install_cpu_kernels, set_attention, warm_linear_shapes
+from model.engines.modern_packed import ModernPackedEngine, modern_engine
 from model.engines.packed import PackedBertForRelevance, packed
+from model.modernbert import ModernBertForRelevance
 from model.packing import pad_batch, token_slices
 
 # float32 on MKL (the fused kernels): a forward over more packed tokens than this ran slower per pair, its
@@ -87,7 +89,7 @@ def torch_engine(
     onednn: bool = False,
     unpadded: bool = False,
     attention: str = "auto",
-) -> PaddedEngine:
+) -> PaddedEngine | ModernPackedEngine:
     """The torch engine for `module` (consumed: its layers may be swapped) on `device` in `dtype` (a key of
     DTYPES): packed where `unpadded` and on the cpu, else padded; with `onednn` on the cpu, the linear layers
     this CPU runs fastest and the attention kernel `attention` asks for (`model.engines.kernels.choose_attention`)."""
@@ -102,6 +104,10 @@ def torch_engine(
     else:
         module = module.to(device, torch_dtype)
     kernels = Kernels()
+    if isinstance(module, ModernBertForRelevance):  # its own packed engine (model.engines.modern_packed)
+        if unpadded and cpu and torch_dtype is not None:
+            return modern_engine(module, device, torch_dtype, pad_id, onednn)
+        return PaddedEngine(module, device, pad_id, kernels)
     if onednn and torch_dtype is not None and cpu and isinstance(module, PackedBertForRelevance):
         cpu_kernels = install_cpu_kernels(module, torch_dtype)
         kernels = Kernels(cpu_kernels, *choose_attention(module, torch_dtype, attention))

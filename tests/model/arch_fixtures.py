@@ -32,7 +32,7 @@ def spec(name: str, num_labels: int) -> tuple[Any, Any]:
     if name == "distilbert":
         cfg = tf.DistilBertConfig(vocab_size=VOCAB, dim=32, n_layers=2, n_heads=4, hidden_dim=64)
         return cfg, tf.DistilBertForSequenceClassification
-    if name == "modernbert":  # 4 layers: global, local, local, global; a window of 8 that the pairs exceed
+    if name.startswith("modernbert"):  # 4 layers: global, local, local, global; a window of 8 that pairs exceed
         cfg = tf.ModernBertConfig(
             **{**SMALL, "num_hidden_layers": 4, "intermediate_size": 48},
             local_attention=8,
@@ -42,6 +42,7 @@ def spec(name: str, num_labels: int) -> tuple[Any, Any]:
             sep_token_id=3,
             bos_token_id=2,
             eos_token_id=3,
+            classifier_pooling="mean" if name == "modernbert-mean" else "cls",
         )
         return cfg, tf.ModernBertForSequenceClassification
     raise ValueError(name)

@@ -33,9 +33,10 @@ CASES = [
     ("distilbert", 5),
     ("modernbert", 1),
     ("modernbert", 5),
+    ("modernbert-mean", 3),  # mean pooling over the pair's tokens
 ]
 IDS = [f"{a}-{k}" for a, k in CASES]
-FAST = {"xlm-roberta", "electra", "distilbert"}
+FAST = {"xlm-roberta", "electra", "distilbert", "modernbert", "modernbert-mean"}
 
 
 def reference_logits(ref, name: str, ids, segs, **kw):
