@@ -5,12 +5,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
-BUILTIN_MODELS = ("default", "pruned")  # under model/<name>
+BUILTIN_MODELS = ("default", "pruned", "zh")  # under model/<name>
 
 
 def builtin_dir(name: str = "default") -> Path:
-    """model/default, or model/pruned (the default with 60% of its attention heads removed and
-    fine-tuned again, docs/heads.md)."""
+    """model/default, model/pruned (the default with 60% of its attention heads removed and fine-tuned
+    again, docs/heads.md), or model/zh (multilingual-e5-small fine-tuned on QQ Browser's Chinese query-title
+    pairs, docs/model-card-zh.md)."""
     return Path(__file__).resolve().parent / name
 
 

@@ -26,9 +26,9 @@ HELD_OUT_PERCENT = 12
 LEVELS = ("1", "2", "3")  # label 0/1/2
 
 
-def held_out(query: str, percent: int = HELD_OUT_PERCENT) -> bool:
+def held_out(query: str, percent: int = HELD_OUT_PERCENT, salt: str = "") -> bool:
     """Whether `query` belongs to the evaluation split: a stable hash of its stripped, lower-cased text."""
-    h = hashlib.sha1(query.strip().lower().encode("utf-8")).digest()
+    h = hashlib.sha1((salt + query.strip().lower()).encode("utf-8")).digest()
     return int.from_bytes(h[:4], "big") % 100 < percent
 
 
@@ -76,15 +76,20 @@ def split(pairs: list[dict], percent: int = HELD_OUT_PERCENT) -> tuple[list[dict
     return train, heldout
 
 
-def write(root: Path, out: Path, percent: int = HELD_OUT_PERCENT) -> dict:
+def write(root: Path, out: Path, percent: int = HELD_OUT_PERCENT, calib_percent: int = 0) -> dict:
+    """train.jsonl and heldout.jsonl; with `calib_percent`, that share of the training queries (another
+    hash) goes to calib.jsonl instead: pairs to fit the head's class biases on (model.train.class_bias)."""
     pairs, stats = merge(root)
     train, heldout = split(pairs, percent)
+    calib = [p for p in train if held_out(p["query"], calib_percent, salt="calib:")]
+    train = [p for p in train if not held_out(p["query"], calib_percent, salt="calib:")]
     out.mkdir(parents=True, exist_ok=True)
-    for name, part in (("train.jsonl", train), ("heldout.jsonl", heldout)):
-        with open(out / name, "w", encoding="utf-8") as f:
+    parts = (("train", train), ("heldout", heldout)) + ((("calib", calib),) if calib_percent else ())
+    for name, part in parts:
+        with open(out / f"{name}.jsonl", "w", encoding="utf-8") as f:
             for p in part:
                 f.write(json.dumps(p, ensure_ascii=False) + "\n")
-    for name, part in (("train", train), ("heldout", heldout)):
+    for name, part in parts:
         stats[f"{name}_pairs"] = len(part)
         stats[f"{name}_queries"] = len({p["query"] for p in part})
         stats[f"{name}_labels"] = [sum(p["label"] == c for p in part) for c in range(3)]
@@ -101,8 +106,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("root", type=Path, help="the qbqtc folder (dev.json, old_v1/)")
     ap.add_argument("out", type=Path)
     ap.add_argument("--held-out-percent", type=int, default=HELD_OUT_PERCENT)
+    ap.add_argument("--calib-percent", type=int, default=0, help="of the training queries, for calib.jsonl")
     args = ap.parse_args(argv)
-    print(json.dumps(write(args.root, args.out, args.held_out_percent), indent=1))
+    print(json.dumps(write(args.root, args.out, args.held_out_percent, args.calib_percent), indent=1))
 
 
 if __name__ == "__main__":

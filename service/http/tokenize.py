@@ -87,7 +87,8 @@ class TokenizeResponse(BaseModel):
 
 @router.post("/tokenize", response_model=TokenizeResponse, responses=ERRORS)
 async def tokenize(body: TokenizeRequest, engine: EngineDep, settings: SettingsDep):
-    """The tokens of each pair as the model sees them (`[CLS] query [SEP] title [SEP]`, segment ids 0/1) and
+    """The tokens of each pair as the model sees them (its tokenizer's frame: `[CLS] query [SEP] title [SEP]`
+    with segment ids 0/1 for BERT, `<s> query </s></s> title </s>` for XLM-R) and
     what truncation cut: how many word pieces of the query and the title were kept, which were dropped and from
     which end. No forward pass."""
     queries, titles = body.as_pairs()
