@@ -18,6 +18,7 @@ import json
 import statistics
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -72,7 +73,7 @@ def main(argv: list[str] | None = None) -> None:
             t0 = time.perf_counter()
             models[k][0].encoded_logits(enc[k])
             times[k].append(time.perf_counter() - t0)
-    out = {}
+    out: dict[str, Any] = {}
     for k, (m, _) in models.items():
         s = statistics.median(times[k])
         out[k] = {
