@@ -19,9 +19,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import shutil
 import statistics
 import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -68,10 +68,10 @@ async def window(
 
 
 def worktree(rev: str, into: Path) -> Path:
-    """`rev` checked out at `into`, with the working tree's built attention library (an untracked build)."""
+    """`rev` checked out at `into`, with its own C kernels built in place (their file moved between releases)."""
     subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", "-f", str(into), rev], check=True)
-    for lib in (ROOT / "model").glob("_attention*.so"):
-        shutil.copy(lib, into / "model" / lib.name)
+    build = [sys.executable, "setup.py", "-q", "build_ext", "--inplace"]
+    subprocess.run(build, cwd=into, check=True, capture_output=True)
     return into
 
 
