@@ -123,7 +123,8 @@ def test_the_readme_quick_start_answers_as_documented():
     from model.builtin import resolve_model
     from tests.service.conftest import live_server
 
-    with live_server(resolve_model(None), dtype="auto") as srv:  # the precision `qtrel serve` picks here
+    # the precision `qtrel serve` picks here; no warm-up, which builds kernels and changes no score
+    with live_server(resolve_model(None), dtype="auto", warmup=False) as srv:
         for path, sent, shown in quick_start_examples():
             got = httpx.post(srv.url + path, json=sent, timeout=60).json()
             assert got["model"] == shown["model"]
