@@ -1,8 +1,9 @@
 """A job's forward pass through the serving engine: model.bulk's Scorer whose distinct pairs are tokenised and
 grouped into `qtrel score`'s very batches (model.batches.bulk_batches: a float sum depends, by a last bit, on
 the batch it ran in, so these make its bytes), each forwarded whole (`forward_batch`, the one place job pairs
-reach a model; service.runtime.whole). Paced so that live traffic goes first: while interactive pairs are queued a job
-has one batch in flight, else one per model process (it fills the capacity live traffic leaves)."""
+reach a model; service.runtime.whole). Paced so that live traffic goes first: a job sends a batch only while no
+interactive pair is queued or running, up to one per model process (it fills the capacity live traffic leaves);
+a live request that comes meanwhile waits at most for the job batch its model process is running."""
 
 from __future__ import annotations
 
@@ -27,8 +28,9 @@ RETRY_S = 0.5  # after the model was not ready (a reload, a restart)
 
 
 async def forward_batch(engine: Engine, job: Job, batch: list[tuple[list[int], list[int]]]) -> list[PairOutput]:
-    """The one place job pairs reach a model: one batch, whole. (With the batcher's priority classes, this is
-    where a job's batch would be queued at the batch priority.)"""
+    """The one place job pairs reach a model: one batch, whole. (The batcher's low-priority class would yield
+    sooner, but it forms batches of its own, whose bits differ from `qtrel score`'s; a whole batch queued in
+    that class would give both.)"""
     return await forward_whole(engine, batch, job.model)
 
 
@@ -94,12 +96,12 @@ class EngineScorer:
         return [x for x in out if x is not None]
 
     async def _room(self) -> None:
-        """Wait for room: one batch in flight while live pairs are queued, else one per model process."""
+        """Wait for room: no live pair queued or running, and fewer job batches in flight than model processes."""
         while True:
             if (why := self.halt()) is not None:
                 raise why
             live, slots = backlog(self.engine, self.job.model)
-            if self.in_flight < (1 if live else slots):
+            if not live and self.in_flight < slots:
                 return
             await asyncio.sleep(PACE_S)
 
@@ -119,3 +121,4 @@ class EngineScorer:
         for i, x in zip(batch, got, strict=True):
             out[i] = x
         self.pairs += len(batch)
+        self.job.pairs_per_s = self.rate  # shown at once; saved with the next chunk
