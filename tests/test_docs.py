@@ -131,6 +131,7 @@ def test_the_readme_quick_start_answers_as_documented():
             assert got.get("below_cutoff") == shown.get("below_cutoff")
             assert len(got["results"]) == len(shown["results"])
             for g, s in zip(got["results"], shown["results"]):
+                assert g.keys() == s.keys()  # the shape shown is the shape served
                 assert (g["index"], g["level"], g["tokens"], g["truncated"]) == (
                     s["index"],
                     s["level"],
