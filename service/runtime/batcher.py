@@ -314,7 +314,9 @@ class Batcher:
                 self._slots.release()
                 continue
             window = heapq.nsmallest(self.max_batch_size * 4, self._pending, key=order)
-            window = [it for it in window if it.priority == window[0].priority]  # a batch holds one class
+            first = window[0]  # a batch holds one class, and draws on the work due within one batch of the first:
+            # mixing in later requests' items of a similar length would make every request wait for all of them
+            window = [it for it in window if it.priority == first.priority and it.rank <= first.rank + budget]
             batch = plan_batch(window, budget, self.max_batch_size)
             chosen = set(map(id, batch))
             self._pending = deque(it for it in self._pending if id(it) not in chosen)

@@ -338,3 +338,18 @@ def test_batches_hold_about_max_batch_s_of_work_and_the_pace_is_measured():
         await unbounded.stop()
 
     asyncio.run(main())
+
+
+def test_equal_requests_finish_in_arrival_order_not_all_at_the_end():
+    async def main():
+        rec = Recorder(delay=0.001)
+        b = make(rec, max_batch_tokens=64, max_batch_size=8, max_queue_items=1000)
+        a = b.submit([(n, f"a{i}") for i, n in enumerate([4, 4, 8, 8, 8, 8, 8, 8])])  # due at 56 tokens
+        c = b.submit([(4, f"c{i}") for i in range(32)])  # due at 128: a length-sorted window would mix them
+        b.start()
+        await asyncio.gather(*a)
+        assert not any(f.done() for f in c)  # the second request's items waited for the first's
+        await asyncio.gather(*c)
+        await b.stop()
+
+    asyncio.run(main())
