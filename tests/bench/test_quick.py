@@ -32,6 +32,10 @@ RUNS: dict[str, str | None] = {
     "stress.py overload": None,
     "stress.py killstorm": None,
     "stress.py reload": None,
+    "fronts.py": None,
+    "jobs.py": None,
+    "arch_speed.py": None,
+    "zh_speed.py": None,
 }
 # imported by the others, run through stress.py: no --quick of their own
 HELPERS = {"storm.py", "reload.py"}
