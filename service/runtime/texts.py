@@ -56,7 +56,7 @@ class TextSide:
 
     async def unknown_shares(self, queries: list[str], titles: list[str], model: str | None = None) -> list[float]:
         """Per pair, the share of its text the model's vocabulary cannot read (model.tokenizer.unknown_share)."""
-        tok = self._tokenizer_of(model, ready=True)[1].tokenizer
+        tok = self._tokenizer_of(model, ready=False)[1].tokenizer  # the pairs were scored: draining or not
         if len(titles) <= INLINE_PAIRS:
             return tok.unknown_shares(queries, titles)
         return await asyncio.get_running_loop().run_in_executor(self._tok_pool, tok.unknown_shares, queries, titles)
