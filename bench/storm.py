@@ -383,39 +383,12 @@ async def goodput(a) -> dict:
         srv.stop()
 
 
-# --- vanishing clients, in a process of their own ------------------------------------------------
-async def vanish(url: str, clients: int, seconds: float, titles: int = 200, after_s: float = 0.05) -> int:
-    """`clients` loops that send a `titles`-title request and hang up `after_s` later, again and again;
-    the number of requests abandoned. Bodies are built once, so this process costs little CPU."""
-    rng = random.Random(5)
-    bodies = [json.dumps({"query": title(rng), "titles": [title(rng) for _ in range(titles)]}) for _ in range(16)]
-    stop = time.monotonic() + seconds
-    abandoned = 0
-
-    async def one(s: aiohttp.ClientSession) -> None:
-        nonlocal abandoned
-        while time.monotonic() < stop:
-            try:
-                async with s.post(
-                    url + "/score",
-                    data=rng.choice(bodies),
-                    headers={"content-type": "application/json"},
-                    timeout=aiohttp.ClientTimeout(total=after_s),
-                ) as r:
-                    await r.read()
-            except (TimeoutError, aiohttp.ClientError):
-                abandoned += 1
-            await asyncio.sleep(after_s)
-
-    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0, force_close=True)) as s:
-        await asyncio.gather(*(one(s) for _ in range(clients)))
-    return abandoned
-
-
 if __name__ == "__main__":
     import sys
 
-    if len(sys.argv) == 5 and sys.argv[1] == "vanish":  # used by bench/stress.py slow
+    if len(sys.argv) == 5 and sys.argv[1] == "vanish":  # used by bench/stress.py slow, in a process of its own
+        from harness.vanish import vanish
+
         print(asyncio.run(vanish(sys.argv[2], int(sys.argv[3]), float(sys.argv[4]))))
     else:
         print(json.dumps({"use": "python bench/stress.py killstorm|soak"}))
