@@ -12,6 +12,7 @@ one core left to the core process, every other running a front, and the one core
 
     python bench/fronts.py --quick                  # one short round of 1 and 2 fronts (< 60 s); needs wrk
     python bench/fronts.py --rounds 3 --seconds 10  # 1, 2 (reuseport) and 2 (shared socket), 3 rounds
+    python bench/fronts.py --against /tmp/base      # 2 fronts of this build and of another checkout, interleaved
 """
 
 from __future__ import annotations
@@ -145,15 +146,23 @@ def run_wrk(url: str, lua: Path, seconds: float, connections: int) -> dict:
 
 
 def one_run(
-    model: Path, workers: int, sock: str, port: int, seconds: float, lua: Path, log: Path, connections: int = 64
+    model: Path,
+    workers: int,
+    sock: str,
+    port: int,
+    seconds: float,
+    lua: Path,
+    log: Path,
+    connections: int = 64,
+    root: Path = ROOT,
 ) -> dict:
-    env = {**os.environ, "QTREL_CACHE_MB": "0", "QTREL_LOG_LEVEL": "warning", "PYTHONPATH": str(ROOT)}
+    env = {**os.environ, "QTREL_CACHE_MB": "0", "QTREL_LOG_LEVEL": "warning", "PYTHONPATH": str(root)}
     cmd = [sys.executable, "-m", "service.cli", "serve", "--model", str(model), "--host", "127.0.0.1"]
     cmd += ["--port", str(port), "--http-workers", str(workers), "--http-socket", sock]
     if "qtrel-fronts-tiny-bert" in str(model):  # no OpenVINO probe for a model that costs nothing
         cmd += ["--inference", "torch"]
     with open(log, "a") as out:
-        proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT, cwd=ROOT)
+        proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT, cwd=root)
     url = f"http://127.0.0.1:{port}"
     try:
         wait_ready(url, proc)
@@ -169,7 +178,7 @@ def one_run(
         fronts = [spent[p] / n * 1e6 for p in roles["fronts"]]
         r |= {
             "workers": workers,
-            "socket": sock,
+            "socket": sock if root == ROOT else f"{sock}@{root}",
             "core_us": spent[proc.pid] / n * 1e6,
             "fronts_us": fronts,
             "model_us": sum(spent[p] for p in roles["model"]) / n * 1e6,
@@ -217,9 +226,13 @@ def main() -> int:
     ap.add_argument("--connections", type=int, default=64, help="wrk's keep-alive connections (clients)")
     ap.add_argument("--titles", type=int, default=1, help="distinct titles a request (default 1: one pair)")
     ap.add_argument("--out", type=Path, default=None, help="write the raw runs and summary as JSON here")
+    ap.add_argument("--against", type=Path, help="another checkout (C kernels built): 2 fronts of each, interleaved")
     a = ap.parse_args()
     rounds, seconds = (1, 4.0) if a.quick else (a.rounds, a.seconds)
-    layouts = [(1, "reuseport"), (2, "reuseport")] + ([] if a.quick or a.no_shared else [(2, "shared")])
+    layouts = [(1, "reuseport", ROOT), (2, "reuseport", ROOT)]
+    layouts += [] if a.quick or a.no_shared else [(2, "shared", ROOT)]
+    if a.against:
+        layouts = [(2, "reuseport", ROOT), (2, "reuseport", a.against.resolve())]
     work = Path(tempfile.mkdtemp(prefix="qtrel-fronts-bench-"))
     model = a.model.resolve() if a.model else tiny_checkpoint(Path(tempfile.gettempdir()) / "qtrel-fronts-tiny-bert")
     lua = work / "distinct.lua"
@@ -227,8 +240,8 @@ def main() -> int:
     runs = []
     for i in range(rounds):
         order = layouts if i % 2 == 0 else layouts[::-1]
-        for w, sock in order:
-            r = one_run(model, w, sock, a.port, seconds, lua, work / "server.log", a.connections) | {"round": i}
+        for w, sock, root in order:
+            r = one_run(model, w, sock, a.port, seconds, lua, work / "server.log", a.connections, root) | {"round": i}
             print(json.dumps({k: v for k, v in r.items() if k != "wrk_cpu_s"}), flush=True)
             runs.append(r)
     summary = summarise(runs)
@@ -240,7 +253,7 @@ def main() -> int:
             for b in runs
             if (r["workers"], r["socket"]) == (int(w), sock) and b["workers"] == 1 and b["round"] == r["round"]
         ]
-        row["vs_1"] = statistics.median(x / y for x, y in pairs)
+        row["vs_1"] = statistics.median(x / y for x, y in pairs) if pairs else None
         print(name, json.dumps({k: round(v, 3) if isinstance(v, float) else v for k, v in row.items()}))
     print(f"pairs/s = requests/s x {a.titles}; CPU figures are per request")
     if a.out:

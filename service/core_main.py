@@ -71,11 +71,12 @@ async def run_core(settings: Settings, count: int, why: str) -> str | None:
         else:
             await stopping  # serve until SIGTERM
         supervising.cancel()
-        engine.begin_drain()
+        core.draining = True
         core.push()  # the fronts' readiness goes off before they are told to stop
         clean = await asyncio.to_thread(fronts.stop, 0.0 if fatal else settings.drain_timeout_s)
         if not clean and not fatal:
             log.warning("a front process did not finish its requests within drain_timeout_s")
+        engine.begin_drain()  # only now: the requests the fronts held were still taken
         await engine.drain(settings.drain_timeout_s)
         if running:  # a SIGHUP's reload under way: its new model processes must not outlive the server
             await asyncio.wait(running, timeout=settings.drain_timeout_s)

@@ -182,8 +182,7 @@ class Metrics:
             ["priority"],
             registry=r,
         )
-        for name in PRIORITIES:
-            self.queue_depth_by_priority.labels(name)
+        self._by_priority = [self.queue_depth_by_priority.labels(name) for name in PRIORITIES]
         self._depths: dict[int, Sequence[int]] = {}  # per batcher (observer): its pairs queued per class
 
         self.jobs = Gauge("qtrel_jobs", "Score jobs (/v1/jobs) on disk, by state", ["state"], registry=r)
@@ -207,8 +206,8 @@ class Metrics:
             self._depths[batcher] = queued
         else:
             self._depths.pop(batcher, None)
-        for i, name in enumerate(PRIORITIES):
-            self.queue_depth_by_priority.labels(name).set(sum(q[i] for q in self._depths.values()))
+        for i, series in enumerate(self._by_priority):
+            series.set(sum(q[i] for q in self._depths.values()))
 
     def for_model(self, model: str) -> ModelObserver:
         """The batcher's and the worker's observer for one served model: its series, labelled."""

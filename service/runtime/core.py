@@ -118,6 +118,8 @@ class CoreServer:
         self._pusher: asyncio.Task | None = None
         self._last: dict | None = None
         self._ids = 0
+        # SIGTERM: the fronts' probes say not ready while the requests they hold still reach the engine
+        self.draining = False
 
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
@@ -157,7 +159,8 @@ class CoreServer:
                     else {k: getattr(info, k) for k in ("name", "labels", "max_length", "device", "dtype")},
                 }
             )
-        return {"ready": list(e.readiness()), "live": list(live), "models": models}
+        ready = [False, "draining"] if self.draining else list(e.readiness())
+        return {"ready": ready, "live": list(live), "models": models}
 
     def push(self) -> None:
         """Send the state to every front if it changed since the last push."""

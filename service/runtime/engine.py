@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections import Counter
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -73,6 +74,7 @@ class Engine(TextSide):
         self.cache = ScoreCache(settings.cache_mb * 2**20)
         self.flights = Flights(self._landed)
         self._tok_pool = ThreadPoolExecutor(1, thread_name_prefix="qtrel-tokenize")
+        self._children: dict[tuple, Any] = {}  # labelled metric series by (metric, labels): see _series
 
     # the default model's parts (what one-model callers and tests read)
     runtime = property(lambda self: self.models.default.current.runtime, doc="the default model's Runtime")
@@ -288,9 +290,10 @@ class Engine(TextSide):
         for k, f in flights.items():
             found[k] = Cached(f.future.result(), f.length, f.truncated)
         outputs = [found[k] for k in keys]
-        self.metrics.pairs.labels(name).inc(len(outputs))
-        for c in outputs:
-            self.metrics.levels.labels(name, model.labels[c.output.level]).inc()
+        self._series(self.metrics.pairs, name).inc(len(outputs))
+        levels = model.labels
+        for level, n in Counter(c.output.level for c in outputs).items():
+            self._series(self.metrics.levels, name, levels[level]).inc(n)
         return Scored(
             [c.output for c in outputs],
             [c.length for c in outputs],
@@ -330,8 +333,15 @@ class Engine(TextSide):
         if looked:
             m.cache_hits.inc(hits)
             m.cache_misses.inc(joined + forwarded)
-        m.folded.labels("request").inc(pairs - hits - joined - forwarded)
-        m.folded.labels("in_flight").inc(joined)
+        self._series(m.folded, "request").inc(pairs - hits - joined - forwarded)
+        self._series(m.folded, "in_flight").inc(joined)
+
+    def _series(self, metric: Any, *labels: str) -> Any:
+        """metric.labels(*labels), remembered: prometheus_client's lookup costs more than the count."""
+        key = (id(metric), labels)
+        if (child := self._children.get(key)) is None:
+            child = self._children[key] = metric.labels(*labels)
+        return child
 
     def _landed(self, key: Key, flight: Flight) -> None:
         """A pair came back from the model: cache it (called once per pair), unless its generation is old."""

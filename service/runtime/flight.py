@@ -69,8 +69,7 @@ class Flights:
             f.waiters += 1
         try:
             while True:
-                pending = {f.future for f in flights.values()}
-                await asyncio.wait(pending, return_when=asyncio.FIRST_EXCEPTION)
+                await _all_or_failure({f.future for f in flights.values()})
                 again = []
                 for key, f in flights.items():
                     if not f.future.done():
@@ -103,3 +102,29 @@ class Flights:
                 flight.future.exception()  # a failure the leaving request saw: asyncio need not warn of it
         elif flight.waiters <= 0:
             flight.future.cancel()  # nobody waits for it any more: the batcher drops it
+
+
+async def _all_or_failure(futures: set[asyncio.Future]) -> None:
+    """asyncio.wait(futures, return_when=FIRST_EXCEPTION) without its task-side machinery: one waiter and
+    one callback (the engine core runs this once per request; asyncio.wait cost it ~4% of its CPU)."""
+    pending = [f for f in futures if not f.done()]
+    if len(pending) < len(futures) and any(not f.cancelled() and f.exception() is not None for f in futures):
+        return
+    if not pending:
+        return
+    waiter = asyncio.get_running_loop().create_future()
+    left = len(pending)
+
+    def landed(f: asyncio.Future) -> None:
+        nonlocal left
+        left -= 1
+        if not waiter.done() and (left == 0 or (not f.cancelled() and f.exception() is not None)):
+            waiter.set_result(None)
+
+    for f in pending:
+        f.add_done_callback(landed)
+    try:
+        await waiter
+    finally:
+        for f in pending:
+            f.remove_done_callback(landed)

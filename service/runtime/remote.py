@@ -163,7 +163,7 @@ class RemoteEngine(TextSide):
 
     def require_ready(self, model: str | None = None) -> None:
         ok, why = self.readiness()
-        if not ok and not why.startswith("reloading"):
+        if not ok and not why.startswith(("reloading", "draining")):  # a request held while draining is served
             raise NotReady(why)
         self._model_state(model)
 
