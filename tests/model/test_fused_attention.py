@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from model.bert import BertForRelevance
+from model.builtin import builtin_dir
 from model.config import BertConfig
 from model.device import cpu_flags
 from model.engines import fused as fa
@@ -498,7 +499,7 @@ def test_probe_times_only_what_the_kernels_differ_in(tiny_checkpoint, monkeypatc
 @pytest.mark.slow
 def test_default_model_levels_unchanged():
     """The real MiniLM on real dev pairs: the fused kernel keeps float32's logits to 1e-5 and every level."""
-    m = RelevanceModel.load(fa._HERE / "default", dtype="float32")
+    m = RelevanceModel.load(builtin_dir("default"), dtype="float32")
     enc = m.encode(read_pairs(256))
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
