@@ -18,6 +18,7 @@ so that neither the cache nor duplicate folding nor single flight saves any work
   Each phase reports the CPU seconds of the clients (this process) and of the server (every process of it).
 
   python bench/jobs.py                  # the full measurement: < 8 min on 2 vCPUs (Zen 4, builtin:default)
+  python bench/jobs.py --job-chunk-rows 500   # the live phase with a gentler job (batches of ~1024 tokens)
   python bench/jobs.py --quick          # a tiny random checkpoint, seconds per phase (tests/bench)
 """
 
@@ -195,7 +196,7 @@ def phase(srv: Serve, pairs: list, a: argparse.Namespace, rate: float) -> dict:
 def with_job(srv: Serve, src: Path, pairs: list, a: argparse.Namespace, rate: float) -> dict:
     """The live phase while a job of `src` runs: submitted first, the clients start once it is in progress."""
     with httpx.Client(base_url=srv.url, timeout=120) as c:
-        job = submit(c, src)
+        job = submit(c, src, chunk_rows=str(a.job_chunk_rows))
         while (job := c.get(f"/v1/jobs/{job['id']}").json())["status"] == "queued":
             time.sleep(0.05)
         got = phase(srv, pairs, a, rate)
@@ -226,6 +227,7 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model", default="builtin:default")
     p.add_argument("--job-pairs", type=int, default=100_000, help="the job that runs beside live traffic")
+    p.add_argument("--job-chunk-rows", type=int, default=20000, help="the live phase's job: chunk_rows (its batches)")
     p.add_argument("--compare-pairs", type=int, default=30_000, help="the file of (a): qtrel score and the job")
     p.add_argument("--compare-rounds", type=int, default=2)
     p.add_argument("--seconds", type=float, default=20, help="each live phase")
