@@ -1,14 +1,25 @@
-"""Score jobs (/v1/jobs) against `qtrel score`, and live traffic with and without a job running.
+"""Score jobs (/v1/jobs) beside live traffic, and a job alone against `qtrel score`.
 
-Starts `qtrel serve` (cache off: QTREL_CACHE_MB=0, torch inference, a jobs directory) and, in interleaved
-rounds on the same file of real Home Depot pairs:
-  (a) `qtrel score` on the file (its own pairs/s, model load excluded) and the same file as a job (rows over
-      the seconds from in_progress to completed, as the client sees them); the outputs compared byte for byte;
-  (b) 64 one-pair clients (closed loop) for --seconds without a job, then with a job running: p50, p99,
-      requests/s, and the job's rows/s meanwhile.
+Starts `qtrel serve` (the pair-score cache off, QTREL_CACHE_MB=0; torch inference, as `qtrel score`; a jobs
+directory) and measures, on real Home Depot pairs made distinct (a repeated dev pair gets a numbered title,
+so that neither the cache nor duplicate folding nor single flight saves any work):
 
-  python bench/jobs.py --pairs 4000 --seconds 20 --rounds 2     # results printed as JSON and markdown
-  python bench/jobs.py --quick --model DIR                       # smoke run
+  (a) a job alone against `qtrel score` on the same file (--compare-pairs), in rounds whose order alternates:
+      `qtrel score`'s own pairs/s (model load excluded) and the job's rows over the seconds from the client
+      seeing it in_progress to seeing it completed; the outputs compared byte for byte; target: job >= 0.9x.
+  (b) 64 one-pair clients (--clients), each title distinct, at a fixed offered rate (--live-rate; default
+      a share of `qtrel score`'s pairs/s, so that the live traffic leaves capacity to fill), without and with
+      a job of --job-pairs (100k) running, in rounds whose order alternates: p50 and p99 (targets: within
+      1.15x and 1.3x of the run without the job) and the job's share of the capacity they leave (target >=
+      80%), in model-process seconds from the server's qtrel_inference_seconds (every forward, live or job):
+          left  = model processes x seconds - live forward seconds (the run without the job, per request,
+                  times the requests served with it)
+          share = (forward seconds with the job - live forward seconds) / left
+  Each phase reports the CPU seconds of the clients (this process) and of the server (every process of it).
+
+  python bench/jobs.py                  # the full measurement: < 8 min on 2 vCPUs (Zen 4, builtin:default)
+  python bench/jobs.py --job-chunk-rows 500   # the live phase with a gentler job (batches of ~1024 tokens)
+  python bench/jobs.py --quick          # a tiny random checkpoint, seconds per phase (tests/bench)
 """
 
 from __future__ import annotations
@@ -18,158 +29,272 @@ import asyncio
 import csv
 import json
 import os
+import resource
 import signal
-import socket
 import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
 import httpx
+from harness.clients import Http
+from harness.data import tiny_checkpoint
+from harness.machine import isa, isa_line
+from harness.publish import DEV
+from harness.server import cpu_seconds, free_port, metrics_of
 
-ROOT = Path(__file__).resolve().parent.parent
-DEV = ROOT.parent / "shared" / "data" / "homedepot" / "dev.csv"
+FINISHED = ("completed", "failed", "cancelled")
+DATA = os.environ.get("QTREL_TEST_DATA")  # as the tests read it: a checkout without ../shared beside it
+DEV_CSV = Path(DATA) / "homedepot" / "dev.csv" if DATA else DEV
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def write_pairs(path: Path, n: int) -> list[tuple[str, str]]:
-    with DEV.open(encoding="utf-8") as f:
+# --- data ---------------------------------------------------------------------------------------
+def distinct_pairs(n: int, tag: str) -> list[tuple[str, str]]:
+    """`n` distinct pairs: the dev set's in order, repeated with `tag` and a number in the title."""
+    with DEV_CSV.open(encoding="utf-8") as f:
         rows = [(r["query"], r["title"]) for r in csv.DictReader(f)]
-    rows = [rows[i % len(rows)] for i in range(n)]
+    out, seen = [], set()
+    for i in range(n):
+        q, t = rows[i % len(rows)]
+        if (q, t) in seen or i >= len(rows):
+            t = f"{t} {tag}{i}"
+        seen.add((q, t))
+        out.append((q, t))
+    return out
+
+
+def write_csv(path: Path, pairs: list[tuple[str, str]]) -> Path:
     with path.open("w", encoding="utf-8", newline="") as f:
         w = csv.writer(f)
         w.writerow(["query", "title"])
-        w.writerows(rows)
-    return rows
+        w.writerows(pairs)
+    return path
 
 
-def qtrel_score(model: str, src: Path, out: Path) -> float:
-    out.unlink(missing_ok=True)
-    cmd = [sys.executable, "-m", "service.cli", "score", str(src), "--out", str(out), "--model", model]
-    done = subprocess.run([*cmd, "--no-progress"], capture_output=True, text=True, check=True)
-    return json.loads(done.stdout.strip().splitlines()[-1])["pairs_per_s"]
-
-
-def run_job(url: str, src: Path, cancel_after: float | None = None) -> tuple[dict, float, bytes | None]:
-    """Submit, wait (or cancel after `cancel_after` s); (the last job state, rows/s while running, output)."""
-    with httpx.Client(base_url=url, timeout=120) as c:
-        job = c.post("/v1/jobs", content=src.read_bytes(), params={"filename": src.name}).json()
-        t0 = rows0 = None
-        end = time.monotonic() + (cancel_after or 1e9)
-        while job["status"] not in ("completed", "failed", "cancelled"):
-            time.sleep(0.05)
-            job = c.get(f"/v1/jobs/{job['id']}").json()
-            if t0 is None and job["status"] == "in_progress":
-                t0, rows0 = time.monotonic(), job["progress"]["rows_done"]
-            if cancel_after is not None and time.monotonic() > end:
-                rows1, t1 = job["progress"]["rows_done"], time.monotonic()
-                c.post(f"/v1/jobs/{job['id']}/cancel")
-                return job, (rows1 - (rows0 or 0)) / (t1 - (t0 or t1) or 1), None
-        t1 = time.monotonic()
-        out = c.get(f"/v1/jobs/{job['id']}/output").content if job["status"] == "completed" else None
-        c.delete(f"/v1/jobs/{job['id']}")
-        return job, job["request_counts"]["total"] / (t1 - (t0 or t1) or 1), out
-
-
-def in_background(holder: dict, url: str, src: Path, seconds: float) -> None:
-    holder["job"] = run_job(url, src, cancel_after=seconds)
-
-
-async def clients(url: str, pairs: list[tuple[str, str]], n: int, seconds: float) -> dict:
-    lat: list[float] = []
-    stop = time.monotonic() + seconds
-
-    async def one(k: int) -> None:
-        async with httpx.AsyncClient(base_url=url, timeout=60) as c:
-            i = k
-            while time.monotonic() < stop:
-                q, t = pairs[i % len(pairs)]
-                t0 = time.perf_counter()
-                r = await c.post("/score", json={"query": q, "titles": [t]})
-                if r.status_code == 200:
-                    lat.append(time.perf_counter() - t0)
-                i += n
-
-    await asyncio.gather(*(one(k) for k in range(n)))
-    lat.sort()
-    return {
-        "requests_per_s": round(len(lat) / seconds, 1),
-        "p50_ms": round(1000 * statistics.median(lat), 2),
-        "p99_ms": round(1000 * lat[int(0.99 * (len(lat) - 1))], 2),
-    }
-
-
-def main() -> int:
-    p = argparse.ArgumentParser()
-    p.add_argument("--model", default="builtin:default")
-    p.add_argument("--pairs", type=int, default=4000)
-    p.add_argument("--seconds", type=float, default=20)
-    p.add_argument("--rounds", type=int, default=2)
-    p.add_argument("--clients", type=int, default=64)
-    p.add_argument("--quick", action="store_true")
-    a = p.parse_args()
-    if a.quick:
-        a.pairs, a.seconds, a.rounds, a.clients = 300, 2, 1, 8
-    work = Path(tempfile.mkdtemp(prefix="qtrel-bench-jobs-"))
-    src = work / "pairs.csv"
-    pairs = write_pairs(src, a.pairs)
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    env = {**os.environ, "QTREL_CACHE_MB": "0", "QTREL_INFERENCE": "torch", "QTREL_JOBS_DIR": str(work / "jobs")}
-    env |= {"QTREL_JOB_MIN_FREE_BYTES": "0", "QTREL_LOG_LEVEL": "warning"}
-    cmd = [sys.executable, "-m", "service.cli", "serve", "--model", a.model, "--host", "127.0.0.1", "--port", str(port)]
-    server = subprocess.Popen(cmd, env=env, stdout=open(work / "server.log", "w"), stderr=subprocess.STDOUT)  # noqa: SIM115
-    results: dict = {"pairs": a.pairs, "rounds": [], "command": " ".join(sys.argv)}
-    try:
-        deadline = time.monotonic() + 300
+# --- the server ---------------------------------------------------------------------------------
+class Serve:
+    def __init__(self, model: str, work: Path, http_workers: str | None):
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        env = os.environ | {"QTREL_CACHE_MB": "0", "QTREL_INFERENCE": "torch", "QTREL_JOBS_DIR": str(work / "jobs")}
+        env |= {"QTREL_JOB_MIN_FREE_BYTES": "0", "QTREL_LOG_LEVEL": "warning"}
+        cmd = [sys.executable, "-m", "service.cli", "serve", "--model", model, "--host", "127.0.0.1"]
+        cmd += ["--port", str(self.port)] + (["--http-workers", http_workers] if http_workers else [])
+        log = (work / "server.log").open("w")
+        self.proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        deadline = time.monotonic() + float(os.environ.get("QTREL_BENCH_READY_S", 300))
         while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise SystemExit(f"the server exited: {(work / 'server.log').read_text()[-2000:]}")
             try:
-                if httpx.get(url + "/health/ready", timeout=2).status_code == 200:
+                if httpx.get(self.url + "/health/ready", timeout=2).status_code == 200:
                     break
             except httpx.TransportError:
                 pass
             time.sleep(0.2)
-        info = httpx.get(url + "/info").json()
-        results["server"] = {"dtype": info["dtype"], "attention": info["model"].get("attention")}
-        for _ in range(a.rounds):
-            score_rate = qtrel_score(a.model, src, work / "ref.csv")
-            job, job_rate, out = run_job(url, src)
-            same = out == (work / "ref.csv").read_bytes()
-            alone = asyncio.run(clients(url, pairs, a.clients, a.seconds))
-            big = work / "big.csv"
-            write_pairs(big, max(a.pairs * 10, 20000))
-            holder: dict = {}
-            t = threading.Thread(target=in_background, args=(holder, url, big, a.seconds + 1))
-            t.start()
-            time.sleep(1)
-            beside = asyncio.run(clients(url, pairs, a.clients, a.seconds))
-            t.join()
-            row = {
-                "qtrel_score_pairs_per_s": score_rate,
-                "job_pairs_per_s": round(job_rate, 1),
-                "job_vs_score": round(job_rate / score_rate, 3),
-                "identical_output": same,
-                "live_alone": alone,
-                "live_with_job": beside,
-                "job_rows_per_s_beside_live": round(holder["job"][1], 1),
-                "p50_ratio": round(beside["p50_ms"] / alone["p50_ms"], 3),
-                "p99_ratio": round(beside["p99_ms"] / alone["p99_ms"], 3),
-            }
-            results["rounds"].append(row)
+        else:
+            raise SystemExit("the server never became ready")
+        self.info = httpx.get(self.url + "/info", timeout=30).json()
+
+    def cpu(self) -> float:
+        return cpu_seconds(self.proc.pid)
+
+    def forward_seconds(self) -> float:
+        return metrics_of(httpx.get(self.url + "/metrics", timeout=30).text).get("qtrel_inference_seconds_sum", 0.0)
+
+    def stop(self) -> None:
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(timeout=90)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+
+
+def model_processes(info: dict) -> int:
+    """The model processes serving the default model, as the layout chose them (`/info`)."""
+    return int(info["worker"]["replicas"])
+
+
+# --- (a) a job alone against qtrel score ---------------------------------------------------------
+def qtrel_score(model: str, dtype: str, src: Path, out: Path) -> dict:
+    out.unlink(missing_ok=True)
+    cmd = [sys.executable, "-m", "service.cli", "score", str(src), "--out", str(out), "--model", model]
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    done = subprocess.run([*cmd, "--dtype", dtype, "--no-progress"], capture_output=True, text=True, check=True)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
+    return {"pairs_per_s": json.loads(done.stdout.strip().splitlines()[-1])["pairs_per_s"], "cpu_s": round(cpu, 1)}
+
+
+def submit(c: httpx.Client, src: Path, **options: str) -> dict:
+    r = c.post("/v1/jobs", content=src.read_bytes(), params={"filename": src.name, **options})
+    if r.status_code != 200:
+        raise SystemExit(f"job refused: {r.status_code} {r.text}")
+    return r.json()
+
+
+def job_alone(srv: Serve, src: Path) -> tuple[dict, bytes | None]:
+    with httpx.Client(base_url=srv.url, timeout=120) as c:
+        job, cpu0 = submit(c, src), srv.cpu()
+        t0 = None
+        while job["status"] not in FINISHED:
+            time.sleep(0.05)
+            job = c.get(f"/v1/jobs/{job['id']}").json()
+            if t0 is None and job["status"] != "queued":
+                t0 = time.monotonic()
+        seconds = time.monotonic() - (t0 or time.monotonic())
+        out = c.get(f"/v1/jobs/{job['id']}/output").content if job["status"] == "completed" else None
+        c.delete(f"/v1/jobs/{job['id']}")
+    rate = job["request_counts"]["total"] / max(seconds, 1e-9)
+    return {"pairs_per_s": round(rate, 1), "server_cpu_s": round(srv.cpu() - cpu0, 1), "status": job["status"]}, out
+
+
+# --- (b) live clients with and without a job -----------------------------------------------------
+async def live(url: str, pairs: list[tuple[str, str]], clients: int, rate: float, seconds: float) -> list[float]:
+    """`clients` clients sending one distinct pair each at `rate` requests/s in all (each on its own
+    schedule: a late answer sends the next at once); the latencies of the 200s."""
+    lat: list[float] = []
+    end = time.monotonic() + seconds
+    gap = clients / rate
+    bodies = iter(json.dumps({"query": q, "titles": [t]}).encode() for q, t in pairs)
+
+    async def client(http: Http, k: int) -> None:
+        due = time.monotonic() + gap * k / clients
+        while True:
+            await asyncio.sleep(max(0.0, due - time.monotonic()))
+            if time.monotonic() >= end:
+                return
+            t0 = time.perf_counter()
+            if await http.post(url + "/score", next(bodies)) == 200:
+                lat.append(time.perf_counter() - t0)
+            due += gap
+
+    async with Http(clients) as http:
+        await asyncio.gather(*(client(http, k) for k in range(clients)))
+    return lat
+
+
+def phase(srv: Serve, pairs: list, a: argparse.Namespace, rate: float) -> dict:
+    f0, s0, c0, t0 = srv.forward_seconds(), srv.cpu(), time.process_time(), time.monotonic()
+    lat = asyncio.run(live(srv.url, pairs, a.clients, rate, a.seconds))
+    wall = time.monotonic() - t0
+    lat.sort()
+    return {
+        "requests": len(lat),
+        "requests_per_s": round(len(lat) / wall, 1),
+        "p50_ms": round(1000 * statistics.median(lat), 1),
+        "p99_ms": round(1000 * lat[int(0.99 * (len(lat) - 1))], 1),
+        "wall_s": round(wall, 2),
+        "forward_s": srv.forward_seconds() - f0,
+        "client_cpu_s": round(time.process_time() - c0, 1),
+        "server_cpu_s": round(srv.cpu() - s0, 1),
+    }
+
+
+def with_job(srv: Serve, src: Path, pairs: list, a: argparse.Namespace, rate: float) -> dict:
+    """The live phase while a job of `src` runs: submitted first, the clients start once it is in progress."""
+    with httpx.Client(base_url=srv.url, timeout=120) as c:
+        job = submit(c, src, chunk_rows=str(a.job_chunk_rows))
+        while (job := c.get(f"/v1/jobs/{job['id']}").json())["status"] == "queued":
+            time.sleep(0.05)
+        got = phase(srv, pairs, a, rate)
+        job = c.get(f"/v1/jobs/{job['id']}").json()
+        got["job_status_after"] = job["status"]  # in_progress: the job ran through the whole phase
+        c.post(f"/v1/jobs/{job['id']}/cancel")
+        while (job := c.get(f"/v1/jobs/{job['id']}").json())["status"] not in FINISHED:
+            time.sleep(0.1)
+        c.delete(f"/v1/jobs/{job['id']}")
+    return got
+
+
+def share(alone: dict, beside: dict, processes: int) -> dict:
+    live_per_request = alone["forward_s"] / max(alone["requests"], 1)
+    live_s = live_per_request * beside["requests"]
+    left = processes * beside["wall_s"] - live_s
+    job_s = beside["forward_s"] - live_s
+    return {
+        "live_busy": round(alone["forward_s"] / (processes * alone["wall_s"]), 3),
+        "job_share_of_left": round(job_s / max(left, 1e-9), 3),
+        "p50_ratio": round(beside["p50_ms"] / alone["p50_ms"], 3),
+        "p99_ratio": round(beside["p99_ms"] / alone["p99_ms"], 3),
+    }
+
+
+# --- main ---------------------------------------------------------------------------------------
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", default="builtin:default")
+    p.add_argument("--job-pairs", type=int, default=100_000, help="the job that runs beside live traffic")
+    p.add_argument("--job-chunk-rows", type=int, default=20000, help="the live phase's job: chunk_rows (its batches)")
+    p.add_argument("--compare-pairs", type=int, default=30_000, help="the file of (a): qtrel score and the job")
+    p.add_argument("--compare-rounds", type=int, default=2)
+    p.add_argument("--seconds", type=float, default=20, help="each live phase")
+    p.add_argument("--rounds", type=int, default=2, help="live rounds (each: without and with a job)")
+    p.add_argument("--clients", type=int, default=64)
+    p.add_argument("--live-rate", type=float, default=None, help="requests/s of all clients (default: --live-load)")
+    p.add_argument("--live-load", type=float, default=0.3, help="the default live rate, x qtrel score's pairs/s")
+    p.add_argument("--http-workers", default=None, help="qtrel serve --http-workers (default: its auto)")
+    p.add_argument("--out", type=Path, default=None, help="write the results as JSON here too")
+    p.add_argument("--quick", action="store_true")
+    a = p.parse_args()
+    work = Path(tempfile.mkdtemp(prefix="qtrel-bench-jobs-"))
+    if a.quick:
+        a.model = str(tiny_checkpoint(work / "tiny"))
+        a.job_pairs, a.compare_pairs, a.compare_rounds, a.seconds, a.rounds, a.clients = 3000, 600, 1, 2, 1, 8
+    t_start = time.monotonic()
+    job_file = write_csv(work / "job.csv", distinct_pairs(a.job_pairs, "#"))
+    compare = write_csv(work / "compare.csv", distinct_pairs(a.compare_pairs, "#"))
+    live_pairs = distinct_pairs(100_000 if not a.quick else 20_000, "~")[::-1]  # none of the job's own pairs
+    i = isa()
+    results: dict = {"machine": isa_line(i), "command": " ".join(sys.argv), "compare": [], "live": []}
+    print(results["machine"], "| load average", Path("/proc/loadavg").read_text().split()[:3], flush=True)
+    srv = Serve(a.model, work, a.http_workers)
+    try:
+        dtype, processes = srv.info["dtype"], model_processes(srv.info)
+        results["server"] = {"dtype": dtype, "model_processes": processes, "fronts": srv.info.get("fronts")}
+        ref = work / "ref.csv"
+        for r in range(a.compare_rounds):
+            order = ["score", "job"] if r % 2 == 0 else ["job", "score"]
+            row: dict = {}
+            for what in order:
+                if what == "score":
+                    row["qtrel_score"] = qtrel_score(a.model, dtype, compare, ref)
+                else:
+                    row["job"], out = job_alone(srv, compare)
+            row["identical_output"] = out == ref.read_bytes()
+            row["job_vs_score"] = round(row["job"]["pairs_per_s"] / row["qtrel_score"]["pairs_per_s"], 3)
+            results["compare"].append(row)
+            print(json.dumps(row), flush=True)
+        score_rate = statistics.median(r["qtrel_score"]["pairs_per_s"] for r in results["compare"])
+        rate = a.live_rate or a.live_load * score_rate
+        results["live_rate"] = round(rate, 1)
+        offset = 0
+        for r in range(a.rounds):
+            row = {}
+            for what in ["alone", "with_job"] if r % 2 == 0 else ["with_job", "alone"]:
+                chunk = live_pairs[offset:]
+                offset += int(rate * a.seconds * 1.5) + a.clients
+                row[what] = phase(srv, chunk, a, rate) if what == "alone" else with_job(srv, job_file, chunk, a, rate)
+            row |= share(row["alone"], row["with_job"], processes)
+            results["live"].append(row)
             print(json.dumps(row), flush=True)
     finally:
-        server.send_signal(signal.SIGTERM)
-        server.wait(timeout=60)
+        srv.stop()
+    results["summary"] = {
+        "job_vs_score": statistics.median(r["job_vs_score"] for r in results["compare"]),
+        "identical_output": all(r["identical_output"] for r in results["compare"]),
+        **{
+            k: statistics.median(r[k] for r in results["live"]) for k in ("p50_ratio", "p99_ratio", "job_share_of_left")
+        },
+        "load_average_after": Path("/proc/loadavg").read_text().split()[:3],
+        "wall_s": round(time.monotonic() - t_start, 1),
+    }
     print(json.dumps(results, indent=1))
-    return 0
+    if a.out:
+        a.out.write_text(json.dumps(results, indent=1))
+    return 0 if results["summary"]["identical_output"] else 1
 
 
 if __name__ == "__main__":

@@ -27,6 +27,7 @@ from service.http.jobs import UPLOAD_ROUTE
 from service.http.jobs import router as jobs_router
 from service.http.routes import metrics_router, ops_router, router
 from service.http.tokenize import router as tokenize_router
+from service.jobs.desk import JobDesk
 from service.jobs.runner import JobRunner
 from service.logs import request_id
 from service.metrics import Metrics
@@ -255,19 +256,22 @@ def create_app(
         starting = asyncio.create_task(lifecycle.start(engine), name="qtrel-start")
         reload_models = on_loop(asyncio.get_running_loop(), engine.reload)  # SIGHUP: every model from its path
         lifecycle.reloaders.append(reload_models)
-        # Jobs run beside the engine that owns the model processes: a one-process server's (a front holds none)
-        jobs = None
-        if settings.jobs_dir is not None and isinstance(engine, Engine):
-            jobs = JobRunner(settings, engine, metrics)
-        if jobs is not None:
-            await jobs.start()  # its jobs wait for their model to be ready
+        # Jobs run beside the engine that owns the model processes: a one-process server's, else the engine
+        # core's (service.core_main); every HTTP process has a desk that tells the runner what changed.
+        jobs, runner = None, None
+        if settings.jobs_dir is not None:
+            if isinstance(engine, Engine):
+                runner = JobRunner(settings, engine, metrics)
+                await runner.start()  # its jobs wait for their model to be ready
+            tell = runner.wake if runner is not None else engine.jobs_wake  # type: ignore[attr-defined]
+            jobs = JobDesk(settings, engine.model_info, tell)
         try:
             # request.state, for service.http.deps
             yield {"engine": engine, "settings": settings, "metrics": metrics, "jobs": jobs}
         finally:
             lifecycle.reloaders.remove(reload_models)
-            if jobs is not None:
-                await jobs.stop(settings.drain_timeout_s)  # the running job resumes at the next start
+            if runner is not None:
+                await runner.stop(settings.drain_timeout_s)  # the running job resumes at the next start
             await engine.drain(settings.drain_timeout_s)
             starting.cancel()
             await engine.stop()

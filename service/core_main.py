@@ -1,8 +1,9 @@
 """`qtrel serve` with several front processes: this process is the engine core. It loads the models,
-serves the engine to the fronts (service.runtime.core), starts and replaces them (service.fronts), and
-drains on SIGTERM: readiness off at once, the fronts finish the requests they hold and exit, the queues
-drain, the model processes end. SIGHUP reloads every model (and the fronts re-read their key files).
-A model that cannot be loaded at start ends the server with exit code 1 and a one-line reason."""
+serves the engine to the fronts (service.runtime.core), starts and replaces them (service.fronts), runs
+the score jobs (service.jobs.runner), and drains on SIGTERM: readiness off at once, the fronts finish the
+requests they hold and exit, the queues drain, the model processes end. SIGHUP reloads every model (and
+the fronts re-read their key files). A model that cannot be loaded at start ends the server with exit
+code 1 and a one-line reason."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import sys
 import tempfile
 
 from service.fronts import Fronts
+from service.jobs.runner import JobRunner
 from service.metrics import Metrics
 from service.runtime.core import STATE_EVERY_S, CoreServer
 from service.runtime.engine import Engine
@@ -39,6 +41,10 @@ async def run_core(settings: Settings, count: int, why: str) -> str | None:
     engine = Engine(settings, Models(settings, metrics, tracing), metrics, tracing=tracing)
     core = CoreServer(engine, core_path, health=fronts.health)
     core.describe_fronts = fronts.describe
+    runner = JobRunner(settings, engine, metrics) if settings.jobs_dir is not None else None
+    if runner is not None:  # score jobs run here, beside the model processes; the fronts' desks wake it
+        await runner.start()  # before the fronts: it clears cut-off uploads, and their jobs_wake finds it
+        core.jobs_wake = runner.wake
     await core.start()
     fronts.start()  # they answer 503 while the models load, as one process does
     stop = asyncio.Event()
@@ -73,6 +79,8 @@ async def run_core(settings: Settings, count: int, why: str) -> str | None:
         supervising.cancel()
         core.draining = True
         core.push()  # the fronts' readiness goes off before they are told to stop
+        if runner is not None:
+            await runner.stop(settings.drain_timeout_s)  # the running job resumes at the next start
         clean = await asyncio.to_thread(fronts.stop, 0.0 if fatal else settings.drain_timeout_s)
         if not clean and not fatal:
             log.warning("a front process did not finish its requests within drain_timeout_s")

@@ -142,8 +142,7 @@ class Settings(BaseSettings):
         description="front processes serving HTTP on the one port (validation, keys, tokenisation, response "
         "shaping), all feeding one engine core (this process: the queues, the cache, admission, the model "
         "processes). 1 = one process does it all; auto = 1 on a CPU with fewer than 8 cores, else one per 8 "
-        "cores (at most 4), and half the cores (at most 8) on cuda; 1 with score jobs on (jobs_dir). /info shows "
-        "the choice (fronts)",
+        "cores (at most 4), and half the cores (at most 8) on cuda. /info shows the choice (fronts)",
     )
     http_socket: Literal["reuseport", "shared"] = Field(
         "reuseport",

@@ -22,6 +22,8 @@ from model.levels import unit_score
 from service.http import cutoff
 from service.http.deps import EngineDep, MetricsDep, SettingsDep, TimeoutHeader, UseCacheDep
 from service.http.documents import DOCUMENTS, RANK_FIELDS, Document, RankFields, echoed, title_of
+from service.http.priority import OPENAPI as PRIORITY_HEADER
+from service.http.priority import priority_of
 from service.http.routes import ERRORS, score_watched, window_of
 from service.http.schemas import (
     MAX_CHUNKS,
@@ -168,7 +170,7 @@ async def rerank(
         body.chunk_overlap,
         use_cache=use_cache,
         model=body.model,
-        priority=body.priority,
+        priority=priority_of(body, request),
     )
     floor = cutoff.level_floor(body.min_level, scored.labels, scored.model)
     results: list[dict[str, Any]] = []
@@ -215,7 +217,13 @@ DESCRIPTION = (
 )
 
 
-@router.post("/v1/rerank", response_model=CompatRerankResponse, responses=ERRORS, description=DESCRIPTION)
+@router.post(
+    "/v1/rerank",
+    response_model=CompatRerankResponse,
+    responses=ERRORS,
+    description=DESCRIPTION,
+    openapi_extra=PRIORITY_HEADER,
+)
 async def rerank_v1(
     body: CompatRerankRequest,
     request: Request,
@@ -228,7 +236,13 @@ async def rerank_v1(
     return await rerank("1", body, request, engine, settings, metrics, timeout_ms, use_cache)
 
 
-@router.post("/v2/rerank", response_model=CompatRerankResponse, responses=ERRORS, description=DESCRIPTION)
+@router.post(
+    "/v2/rerank",
+    response_model=CompatRerankResponse,
+    responses=ERRORS,
+    description=DESCRIPTION,
+    openapi_extra=PRIORITY_HEADER,
+)
 async def rerank_v2(
     body: CompatRerankRequest,
     request: Request,

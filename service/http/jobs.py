@@ -3,7 +3,7 @@ raw body, or an `input_path` the server may read), `GET /v1/jobs` (a page, newes
 `POST /v1/jobs/{id}/cancel`, `DELETE /v1/jobs/{id}` and `GET /v1/jobs/{id}/output` (the scored file).
 
 An upload streams to the jobs directory, counted against job_max_bytes as it comes (the edge middleware
-leaves this route's body unbuffered); the job runner (service.jobs.runner) checks and queues the job."""
+leaves this route's body unbuffered); the desk (service.jobs.desk) checks and queues the job."""
 
 from __future__ import annotations
 
@@ -72,8 +72,6 @@ class JobPathBody(JobOptionsBody):
 async def get_jobs(request: Request) -> Jobs:
     jobs = getattr(request.state, "jobs", None)
     if jobs is None:
-        if request.state.settings.jobs_dir is not None:  # a front process: jobs run in one-process servers
-            raise ServiceError(ErrorKind.NOT_FOUND, "score jobs need a one-process server: set QTREL_HTTP_WORKERS=1")
         raise ServiceError(ErrorKind.NOT_FOUND, "score jobs are off on this server: set QTREL_JOBS_DIR to turn them on")
     return jobs
 
@@ -281,7 +279,7 @@ async def cancel_job(job_id: str, request: Request, jobs: JobsDep):
 @router.delete("/v1/jobs/{job_id}", responses={c: ERRORS.get(c, ERRORS[422]) for c in (401, 404, 409)})
 async def delete_job(job_id: str, request: Request, jobs: JobsDep):
     """Delete a finished job and its files; 409 while it is queued or running (cancel it first)."""
-    job: Job = jobs.delete(job_id, owner_of(request))
+    job: Job = await jobs.delete(job_id, owner_of(request))
     return JSONResponse({"id": job.id, "object": "job.deleted", "deleted": True})
 
 

@@ -14,6 +14,8 @@ from model.levels import raw_score
 from service.errors import ErrorKind, ServiceError
 from service.http import cutoff
 from service.http.deps import EngineDep, MetricsDep, SettingsDep, TimeoutHeader, UseCacheDep
+from service.http.priority import OPENAPI as PRIORITY_HEADER
+from service.http.priority import priority_of
 from service.http.schemas import (
     ErrorBody,
     Info,
@@ -131,7 +133,7 @@ async def disconnected(request: Request) -> None:
         pass
 
 
-@router.post("/score", response_model=ScoreResponse, responses=ERRORS, tags=["scoring"])
+@router.post("/score", response_model=ScoreResponse, responses=ERRORS, tags=["scoring"], openapi_extra=PRIORITY_HEADER)
 async def score(
     body: ScoreRequest,
     request: Request,
@@ -156,7 +158,7 @@ async def score(
         truncation=body.truncation,
         use_cache=use_cache,
         model=body.model,
-        priority=body.priority,
+        priority=priority_of(body, request),
     )
     labels = scored.labels
     floor = cutoff.level_floor(body.min_level, labels, scored.model)
@@ -199,6 +201,7 @@ async def score(
     "/predict",
     response_model=list[Prediction] | list[list[Prediction]],
     responses=ERRORS,
+    openapi_extra=PRIORITY_HEADER,
     tags=["text-embeddings-inference"],
 )
 async def predict(
@@ -223,7 +226,7 @@ async def predict(
         side=body.truncation_direction.lower(),
         allow_truncation=bool(body.truncate),
         use_cache=use_cache,
-        priority=body.priority,
+        priority=priority_of(body, request),
     )
     labels = scored.labels
     out = []
@@ -234,7 +237,13 @@ async def predict(
     return JSONResponse(out[0] if body.single else out)
 
 
-@router.post("/rerank", response_model=list[Rank], responses=ERRORS, tags=["text-embeddings-inference"])
+@router.post(
+    "/rerank",
+    response_model=list[Rank],
+    responses=ERRORS,
+    tags=["text-embeddings-inference"],
+    openapi_extra=PRIORITY_HEADER,
+)
 async def rerank(
     body: RerankRequest,
     request: Request,
@@ -258,7 +267,7 @@ async def rerank(
         side=body.truncation_direction.lower(),
         allow_truncation=bool(body.truncate),
         use_cache=use_cache,
-        priority=body.priority,
+        priority=priority_of(body, request),
     )
     floor = cutoff.level_floor(body.min_level, scored.labels, scored.model)
     ranks = []

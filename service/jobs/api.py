@@ -1,9 +1,10 @@
-"""What HTTP knows of score jobs: a job's record, its options, and the calls the job runner answers.
+"""What HTTP knows of score jobs: a job's record, its options, and the calls the routes make.
 
-Model-free and torch-free: the routes (service.http.jobs) reach the runner only through the `Jobs` protocol;
-the runner itself (service.jobs.runner, which reads and writes the files with model.bulk) is wired by the
-composition root. A job's shape follows OpenAI's batch object (`id`, `object`, `status`, `created_at` and the
-other `*_at` stamps, `request_counts`, `error`), so its clients read it without surprise."""
+Model-free and torch-free: the routes (service.http.jobs) reach jobs only through the `Jobs` protocol; the
+desk (service.jobs.desk) answers them from the jobs directory in every HTTP process, and the runner
+(service.jobs.runner, which scores the files with model.bulk) runs beside the model processes. A job's shape
+follows OpenAI's batch object (`id`, `object`, `status`, `created_at` and the other `*_at` stamps,
+`request_counts`, `error`), so its clients read it without surprise."""
 
 from __future__ import annotations
 
@@ -128,7 +129,7 @@ class Job:
 
 
 class Jobs(Protocol):
-    """The job runner as the routes use it (service.jobs.runner.JobRunner). Refusals are ServiceErrors
+    """Score jobs as the routes use them (service.jobs.desk.JobDesk). Refusals are ServiceErrors
     (service.errors), raised before anything is queued."""
 
     @property
@@ -146,6 +147,6 @@ class Jobs(Protocol):
 
     async def cancel(self, job_id: str, owner: str | None) -> Job: ...
 
-    def delete(self, job_id: str, owner: str | None) -> Job: ...
+    async def delete(self, job_id: str, owner: str | None) -> Job: ...
 
     def output(self, job_id: str, owner: str | None) -> Path: ...

@@ -1,5 +1,8 @@
-"""The job runner: the one owner of score jobs. It checks a job before queueing it, runs the queued jobs one
-at a time, oldest first, and on start resumes every unfinished job from the last chunk its output holds.
+"""The job runner: the one owner of running score jobs, beside the engine that owns the model processes (a
+one-process server's, or the engine core's with several fronts). It runs the queued jobs one at a time, oldest
+first, and on start resumes every unfinished job from the last chunk its output holds. The desks
+(service.jobs.desk, in the HTTP processes) check and create jobs and tell it what changed (`wake`); once a
+job exists, its record is the runner's alone to rewrite.
 
 A job is `qtrel score` with the serving engine as its model: model.bulk's `run_file` reads the input in
 chunks and writes each chunk's rows, synced, with model.bulk's sinks (so the output is byte for byte what
@@ -7,7 +10,8 @@ chunks and writes each chunk's rows, synced, with model.bulk's sinks (so the out
 only the forward pass differs (service.jobs.scoring). File work runs on a thread, the engine's calls on the
 event loop.
 
-Self-contained (`start`, `stop`) so that whoever owns the engine can own it: the app's lifespan today."""
+Self-contained (`start`, `stop`, `wake`) so that whoever owns the engine owns it: the app's lifespan in one
+process, service.core_main with fronts."""
 
 from __future__ import annotations
 
@@ -21,9 +25,7 @@ from pathlib import Path
 
 from model.bulk.score import ScoreOptions, run_file
 from model.levels import CHUNK_OVERLAP
-from service.errors import ErrorKind, ServiceError
-from service.jobs.api import STATUSES, Job, JobOptions, Status, format_of
-from service.jobs.checks import count_rows
+from service.jobs.api import STATUSES, Job, Status
 from service.jobs.scoring import Cancelled, EngineScorer, Stopped
 from service.jobs.store import JobStore
 from service.metrics import Metrics
@@ -40,7 +42,7 @@ class JobRunner:
     def __init__(self, settings: Settings, engine: Engine, metrics: Metrics):
         assert settings.jobs_dir is not None
         self.settings, self.engine, self.metrics = settings, engine, metrics
-        self.store = JobStore(settings.jobs_dir)
+        self.store = JobStore(settings.jobs_dir, clean=True)
         self.jobs: dict[str, Job] = {}  # by id, oldest first
         self._lock = threading.Lock()  # the records are saved from the loop and from run_file's thread
         self._cancel: set[str] = set()
@@ -50,7 +52,7 @@ class JobRunner:
 
     # --- lifecycle ----------------------------------------------------------------------------
     async def start(self) -> None:
-        for job in await asyncio.to_thread(self.store.load):
+        for job in await asyncio.to_thread(self.store.load, True):
             if job.status == "cancelling":
                 self._end(job, "cancelled")
                 self.store.drop_output(job)
@@ -77,7 +79,7 @@ class JobRunner:
     async def _loop(self) -> None:
         assert self._wake is not None
         while not self._stopping:
-            job = next((j for j in self.jobs.values() if j.status == "queued"), None)
+            job = min((j for j in self.jobs.values() if j.status == "queued"), key=lambda j: j.id, default=None)
             if job is None:
                 self._wake.clear()
                 await self._wake.wait()
@@ -88,76 +90,39 @@ class JobRunner:
                 log.exception("job %s", job.id)
             self._sweep()
 
-    # --- submission ---------------------------------------------------------------------------
-    @property
-    def max_bytes(self) -> int:
-        return self.settings.job_max_bytes
+    # --- the desks' news ----------------------------------------------------------------------
+    async def wake(self, change: dict[str, str]) -> dict | None:
+        """A desk changed the jobs directory: {"queued": id} a new job; {"cancel": id} cancel it (its record
+        after, None for no such job); {"deleted": id} a finished job's folder removed."""
+        if (job_id := change.get("queued")) is not None:
+            self._adopt(job_id)
+        elif (job_id := change.get("cancel")) is not None:
+            job = self.jobs.get(job_id) or self._adopt(job_id)
+            if job is None:
+                return None
+            self._cancel_job(job)
+            return job.record()
+        elif (job_id := change.get("deleted")) is not None:
+            self.jobs.pop(job_id, None)
+            self._gauges()
+        return None
 
-    def incoming(self, filename: str) -> Path:
-        return self.store.incoming(Path(filename).suffix.lower())
+    def _adopt(self, job_id: str) -> Job | None:
+        """A job a desk created: its record, read once (a few hundred bytes), is the runner's from now on."""
+        if job_id not in self.jobs and (job := self.store.read(job_id)) is not None:
+            self.jobs[job.id] = job
+            self._gauges()
+            if self._wake is not None:
+                self._wake.set()
+        return self.jobs.get(job_id)
 
-    async def submit(self, input: Path, filename: str, options: JobOptions, owner: str | None, uploaded: bool) -> Job:
-        """Check the job and queue it, or refuse it (ServiceError) with nothing queued. `uploaded`: `input` is
-        an upload under `.incoming/`, moved into the job (and removed on refusal); else an input_path."""
-        try:
-            return await self._submit(input, filename, options, owner, uploaded)
-        finally:
-            if uploaded:
-                input.unlink(missing_ok=True)
-
-    async def _submit(self, input: Path, name: str, options: JobOptions, owner: str | None, uploaded: bool) -> Job:
-        s = self.settings
-        fmt = format_of(name)
-        if fmt is None:
-            raise ServiceError(ErrorKind.VALIDATION, f"{name}: unknown format (.csv, .jsonl or .json, .parquet)")
-        if not uploaded:
-            input = self._allowed(input)
-        size = input.stat().st_size
-        if size > s.job_max_bytes:
-            raise ServiceError(ErrorKind.TOO_LARGE, f"the input has {size} bytes; at most {s.job_max_bytes}")
-        self._check_room(size * (2 if uploaded else 3))  # output ~ the input again (and a copy of an input_path)
-        served = self.engine.require_ready(options.model)  # ModelNotFound: 404; NotReady: 503
-        if options.model is not None and options.model != served.name:  # strict: a night's work on the wrong model
-            raise ServiceError(ErrorKind.MODEL_NOT_FOUND, f"model {options.model!r} is not served (GET /v1/models)")
-        info = served.current.info
-        if info is None:
-            raise NotReady("loading")
-        rows = await asyncio.to_thread(count_rows, input, name, fmt, options, info.labels, s.job_max_rows)
-        self._check_room(size * (2 if uploaded else 3))  # again: others may have come in meanwhile
-        job = Job(Job.new_id(), name, fmt, size, options, owner, "upload" if uploaded else "path", total=rows)
-        job.model, job.dtype = served.name, info.dtype
-        await asyncio.to_thread(self.store.create, job, input, uploaded)
-        self.jobs[job.id] = job
-        self._gauges()
-        if self._wake is not None:
-            self._wake.set()
-        log.info("job %s queued: %d rows of %s (%s) for %s", job.id, rows, fmt, job.source, job.model)
-        return job
-
-    def _allowed(self, path: Path) -> Path:
-        """An input_path inside one of job_input_dirs (links resolved first), as a readable file."""
-        roots = self.settings.job_input_roots
-        real = path.resolve()
-        if not roots or not any(real.is_relative_to(r) for r in roots):
-            where = ", ".join(map(str, roots)) or "none: set QTREL_JOB_INPUT_DIRS"
-            raise ServiceError(ErrorKind.FORBIDDEN, f"{path} is outside the directories jobs may read ({where})")
-        if not real.is_file() or not os.access(real, os.R_OK):
-            raise ServiceError(ErrorKind.VALIDATION, f"{path}: no such readable file")
-        return real
-
-    def _check_room(self, need: int) -> None:
-        s = self.settings
-        if sum(not j.finished for j in self.jobs.values()) >= s.job_max_jobs:
-            raise ServiceError(
-                ErrorKind.OVERLOADED, f"{s.job_max_jobs} jobs are queued or running (job_max_jobs)", retry_after=60
-            )
-        free = self.store.free_bytes()
-        if free - need < s.job_min_free_bytes:
-            raise ServiceError(
-                ErrorKind.NO_SPACE,
-                f"the jobs directory has {free} bytes free; this job needs about {need} and "
-                f"{s.job_min_free_bytes} must stay free (job_min_free_bytes)",
-            )
+    def _cancel_job(self, job: Job) -> None:
+        if job.status == "queued":
+            self._end(job, "cancelled")
+        elif not job.finished and job.status != "cancelling":
+            self._cancel.add(job.id)
+            job.status, job.cancelling_at = "cancelling", int(time.time())
+            self._save(job)
 
     # --- running ------------------------------------------------------------------------------
     async def _run(self, job: Job) -> None:
@@ -267,50 +232,6 @@ class JobRunner:
                 self.store.remove(job)
                 del self.jobs[job.id]
         self._gauges()
-
-    # --- the routes' calls --------------------------------------------------------------------
-    def get(self, job_id: str, owner: str | None) -> Job:
-        job = self.jobs.get(job_id)
-        if job is None or (owner is not None and job.owner != owner):
-            raise ServiceError(ErrorKind.NOT_FOUND, f"no job {job_id!r}")
-        return job
-
-    def list(self, owner: str | None, after: str | None, limit: int) -> tuple[list[Job], bool]:
-        """Newest first, from after the job `after` (OpenAI's cursor); (page, whether more follow)."""
-        mine = [j for j in reversed(self.jobs.values()) if owner is None or j.owner == owner]
-        if after is not None:
-            ids = [j.id for j in mine]
-            if after not in ids:
-                raise ServiceError(ErrorKind.NOT_FOUND, f"no job {after!r} (after)")
-            mine = mine[ids.index(after) + 1 :]
-        return mine[:limit], len(mine) > limit
-
-    async def cancel(self, job_id: str, owner: str | None) -> Job:
-        job = self.get(job_id, owner)
-        if job.finished:
-            raise ServiceError(ErrorKind.CONFLICT, f"job {job_id} is {job.status}: nothing to cancel")
-        if job.status == "queued":
-            self._end(job, "cancelled")
-        elif job.status != "cancelling":
-            self._cancel.add(job.id)
-            job.status, job.cancelling_at = "cancelling", int(time.time())
-            self._save(job)
-        return job
-
-    def delete(self, job_id: str, owner: str | None) -> Job:
-        job = self.get(job_id, owner)
-        if not job.finished:
-            raise ServiceError(ErrorKind.CONFLICT, f"job {job_id} is {job.status}: cancel it first")
-        self.store.remove(job)
-        del self.jobs[job.id]
-        self._gauges()
-        return job
-
-    def output(self, job_id: str, owner: str | None) -> Path:
-        job = self.get(job_id, owner)
-        if job.status != "completed":
-            raise ServiceError(ErrorKind.CONFLICT, f"job {job_id} is {job.status}: its output comes once it completes")
-        return self.store.output(job)
 
 
 def _reason(e: Exception, folder: Path, name: str) -> str:

@@ -2,8 +2,9 @@
 grouped into `qtrel score`'s very batches (model.batches.bulk_batches: a float sum depends, by a last bit, on
 the batch it ran in, so these make its bytes), each forwarded whole (`forward_batch`, the one place job pairs
 reach a model; service.runtime.whole). Paced so that live traffic goes first: a job sends a batch only while no
-interactive pair is queued or running, up to one per model process (it fills the capacity live traffic leaves);
-a live request that comes meanwhile waits at most for the job batch its model process is running."""
+interactive pair waits for a batch, to a model process that no live batch and no other job batch holds (it
+fills the capacity live traffic leaves, beside it); a live request that comes meanwhile waits at most for
+one batch, a live one or the job's."""
 
 from __future__ import annotations
 
@@ -96,12 +97,13 @@ class EngineScorer:
         return [x for x in out if x is not None]
 
     async def _room(self) -> None:
-        """Wait for room: no live pair queued or running, and fewer job batches in flight than model processes."""
+        """Wait for room: no live pair waiting for a batch, and a model process that neither a live batch nor
+        one of the job's holds."""
         while True:
             if (why := self.halt()) is not None:
                 raise why
-            live, slots = backlog(self.engine, self.job.model)
-            if not live and self.in_flight < slots:
+            waiting, running, slots = backlog(self.engine, self.job.model)
+            if not waiting and self.in_flight + running < slots:
                 return
             await asyncio.sleep(PACE_S)
 

@@ -2,13 +2,16 @@
 its input (`input.<format>`) and its output (`output.<format>`, written chunk by chunk by model.bulk's sinks,
 which a restart resumes), and `.incoming/` for uploads not yet submitted.
 
-Nothing else writes there; the job runner (service.jobs.runner) is its one user."""
+Two users, each writing its own part: the desk (service.jobs.desk, in every HTTP process) creates a job's
+folder and removes a finished one; the runner (service.jobs.runner, beside the model processes) alone rewrites
+the record of a job once it exists. Readers take the record as it is on disk: the truth for every process."""
 
 from __future__ import annotations
 
 import json
 import logging
 import os
+import re
 import secrets
 import shutil
 from pathlib import Path
@@ -18,15 +21,18 @@ from service.jobs.api import Job
 log = logging.getLogger("qtrel.jobs")
 
 RECORD = "job.json"
+JOB_ID = re.compile(r"job_[0-9a-f]{16,40}")  # Job.new_id's shape: anything else names no folder of ours
 
 
 class JobStore:
-    def __init__(self, root: Path):
+    def __init__(self, root: Path, clean: bool = False):
+        """`clean`: the server starts (the runner's store): uploads cut off by a restart are removed."""
         self.root = root
         self.root.mkdir(parents=True, exist_ok=True)
         self.spool = root / ".incoming"
-        shutil.rmtree(self.spool, ignore_errors=True)  # uploads cut off by a restart: never submitted
-        self.spool.mkdir()
+        if clean:
+            shutil.rmtree(self.spool, ignore_errors=True)
+        self.spool.mkdir(exist_ok=True)
 
     def folder(self, job_id: str) -> Path:
         return self.root / job_id
@@ -68,14 +74,29 @@ class JobStore:
             shutil.rmtree(folder, ignore_errors=True)
             raise
 
-    def load(self) -> list[Job]:
-        """Every job on disk, oldest first; folders without a readable record are removed."""
+    def read(self, job_id: str) -> Job | None:
+        """The job's record as on disk; None for an id of no job (or of one still being created)."""
+        if not JOB_ID.fullmatch(job_id):
+            return None
+        try:
+            return Job.from_record(json.loads((self.folder(job_id) / RECORD).read_text(encoding="utf-8")))
+        except FileNotFoundError:
+            return None
+
+    def load(self, clean: bool = False) -> list[Job]:
+        """Every job on disk, oldest first. `clean` (the runner at start, alone then): folders without a
+        readable record are removed; others skip them (a submission in progress in another process)."""
         jobs = []
-        for folder in sorted(p for p in self.root.iterdir() if p.is_dir() and p.name.startswith("job_")):
+        for folder in sorted(p for p in self.root.iterdir() if p.is_dir() and JOB_ID.fullmatch(p.name)):
             try:
-                jobs.append(Job.from_record(json.loads((folder / RECORD).read_text(encoding="utf-8"))))
+                if (job := self.read(folder.name)) is not None:
+                    jobs.append(job)
+                    continue
+                error: Exception = FileNotFoundError(RECORD)
             except (OSError, ValueError, TypeError, KeyError) as e:
-                log.warning("removing %s: no readable job record (%s)", folder, e)
+                error = e
+            if clean:
+                log.warning("removing %s: no readable job record (%s)", folder, error)
                 shutil.rmtree(folder, ignore_errors=True)
         return sorted(jobs, key=lambda j: j.id)
 

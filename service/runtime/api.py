@@ -9,6 +9,7 @@ from typing import Any, Protocol
 from service.runtime.batcher import Overloaded
 from service.runtime.results import Scored, Tokenized
 from service.runtime.windows import Windowed
+from service.runtime.worker_api import ModelInfo
 
 
 class EngineAPI(Protocol):
@@ -20,6 +21,7 @@ class EngineAPI(Protocol):
     async def stop(self) -> None: ...
     def refuse_early(self) -> Overloaded | None: ...
     def require_ready(self, model: str | None = None) -> Any: ...
+    def model_info(self, model: str | None = None) -> tuple[str, ModelInfo]: ...
     async def score(
         self,
         queries: list[str],

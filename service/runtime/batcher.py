@@ -112,6 +112,11 @@ class Batcher:
         """Items of a class waiting for a batch."""
         return self._items[priority] - self._flying[priority]
 
+    @property
+    def running(self) -> int:
+        """Batches handed to the model processes and not finished (score jobs fill the processes left idle)."""
+        return len(self._running)
+
     def retry_after(self) -> float:
         """Seconds until everything outstanding is worked off, by the measured rate (1 while unknown)."""
         return self.pace.retry_after(sum(self._tokens), 0.0) if self.pace else 1.0

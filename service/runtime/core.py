@@ -6,7 +6,7 @@ model processes, the shadow, reloads and drain. The fronts (service.front) do HT
 tokenisation and response shaping, and send the core token ids over a Unix socket (service.runtime.wire):
 
     front -> core   ("score", id, args)     token ids and the texts (the cache key), once
-                    ("call", id, name, args) explain, reload, info, model_list: rare, by name
+                    ("call", id, name, args) explain, reload, info, model_list, jobs_wake: rare, by name
                     ("metrics", id)          /metrics: the core asks every front for its samples
                     ("cancel", id)           the client hung up: the core drops the request's pairs
     core -> front   ("ok", id, value) or ("err", id, error)
@@ -22,7 +22,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from model.tokenizer import EncodedPairs
@@ -36,7 +36,7 @@ log = logging.getLogger("qtrel.core")
 
 STATE_EVERY_S = 0.1  # how often the core looks for a change of state to push to the fronts
 COLLECT_TIMEOUT_S = 2.0  # a front that does not answer a metrics collection in time is left out
-CALLS = ("explain", "reload", "info", "model_list")  # what a front may call by name
+CALLS = ("explain", "reload", "info", "model_list", "jobs_wake")  # what a front may call by name
 
 
 def scored_value(s) -> tuple:
@@ -113,6 +113,7 @@ class CoreServer:
         self.path = path
         self.health = health  # the fronts' own liveness (their supervisor's crash-loop rule)
         self.describe_fronts: Callable[[], dict] = dict
+        self.jobs_wake: Callable[[dict], Awaitable[Any]] | None = None  # the job runner's (service.jobs.runner)
         self.links: set[Link] = set()
         self._server: asyncio.AbstractServer | None = None
         self._pusher: asyncio.Task | None = None
@@ -190,6 +191,10 @@ class CoreServer:
             raise ValueError(f"no such call: {name}")
         if name == "info":
             return await self.engine.info() | {"fronts": self.describe_fronts()}
+        if name == "jobs_wake":  # a front changed the jobs directory
+            if self.jobs_wake is None:
+                raise ValueError("score jobs are off")
+            return await self.jobs_wake(args)
         value = await getattr(self.engine, name)(**args)
         if name == "reload":
             self.push()  # the fronts learn the new generation before the caller hears of it

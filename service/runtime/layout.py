@@ -123,8 +123,6 @@ def resolve_http_workers(settings: Settings) -> tuple[int, str]:
     they have at least 8 (measured on 2 vCPUs: docs/fronts-bench.md), then one front per 8 cores."""
     if settings.http_workers != "auto":
         return int(settings.http_workers), "set"
-    if settings.jobs_dir is not None:  # score jobs run beside the engine of a one-process server
-        return 1, "auto: score jobs on"
     cores = usable_cores()
     if resolve_device_name(settings.device).startswith("cuda"):
         return max(1, min(8, cores // 2)), f"auto: cuda, {cores} cores"

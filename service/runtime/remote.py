@@ -238,5 +238,9 @@ class RemoteEngine(TextSide):
     async def model_list(self) -> list[dict]:
         return await self._ask("call", "model_list", {})
 
+    async def jobs_wake(self, change: dict) -> Any:
+        """Score jobs: this front changed the jobs directory; the core's job runner answers (service.jobs.desk)."""
+        return await self._ask("call", "jobs_wake", change)
+
     async def render_metrics(self) -> bytes:
         return await self._ask("metrics")

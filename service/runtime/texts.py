@@ -37,6 +37,10 @@ class TextSide:
         take work (NotReady), as scoring does."""
         raise NotImplementedError
 
+    def model_info(self, model: str | None = None) -> tuple[str, ModelInfo]:
+        """The served model's name and info, refused (NotReady, ModelNotFound) as scoring is: for score jobs."""
+        return self._tokenizer_of(model, ready=True)
+
     async def _encode(
         self, model: ModelInfo, queries: list[str], titles: list[str], truncation: str, side: str
     ) -> EncodedPairs:

@@ -6,14 +6,16 @@ from __future__ import annotations
 
 import time
 
+from service.runtime.batching import HIGH, LOW
 from service.runtime.engine import Engine, InferenceFailed
 from service.runtime.worker_api import PairOutput
 
 
-def backlog(engine: Engine, model: str | None = None) -> tuple[int, int]:
-    """A model's pairs accepted and not finished (live traffic), and the batches it runs at once."""
+def backlog(engine: Engine, model: str | None = None) -> tuple[int, int, int]:
+    """A model's live traffic: its pairs waiting for a batch, its batches on the model processes; and the
+    batches the model runs at once (its processes)."""
     batcher = engine.models.get(model).current.batcher
-    return batcher.outstanding, batcher.concurrency
+    return batcher.queued(HIGH) + batcher.queued(LOW), batcher.running, batcher.concurrency
 
 
 async def forward_whole(

@@ -1,6 +1,8 @@
 """A score job survives SIGKILL of the whole server: `qtrel serve` as a real process group (the server and its
-model processes) killed mid-job, started again on the same jobs directory; the job resumes from its last
-written chunk and its output is byte for byte an uninterrupted run's (`qtrel score`'s)."""
+model processes, and with two fronts the engine core and the fronts) killed mid-job, started again on the same
+jobs directory; the job resumes from its last written chunk and its output is byte for byte an uninterrupted
+run's (`qtrel score`'s). With two fronts each request goes to either front: submission, status, cancel, delete
+and the output answer the same from both (the jobs directory is the truth)."""
 
 from __future__ import annotations
 
@@ -20,11 +22,11 @@ from tests.service.http.test_jobs import make_pairs, qtrel_score, write_input
 pytestmark = pytest.mark.slow
 
 
-def serve(model_dir, port, jobs_dir, log):
+def serve(model_dir, port, jobs_dir, log, fronts=1):
     """`qtrel serve` in a process group of its own, so that it can be killed whole."""
     cmd = [sys.executable, "-m", "service.cli", "serve", "--model", str(model_dir), "--host", "127.0.0.1"]
     cmd += ["--port", str(port), "--dtype", "float32", "--inference", "torch", "--jobs-dir", str(jobs_dir)]
-    cmd += ["--job-min-free-bytes", "0"]
+    cmd += ["--job-min-free-bytes", "0", "--http-workers", str(fronts)]
     out = open(log, "w")  # noqa: SIM115 (the child holds it)
     return subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
 
@@ -35,13 +37,13 @@ def kill_group(proc) -> None:
     proc.wait(timeout=30)
 
 
-@pytest.mark.parametrize("suffix", [".csv", ".parquet"])
-def test_sigkill_mid_job_then_restart_completes_with_identical_output(tiny_checkpoint, tmp_path, suffix):
+@pytest.mark.parametrize("suffix,fronts", [(".csv", 1), (".parquet", 1), (".csv", 2)])
+def test_sigkill_mid_job_then_restart_completes_with_identical_output(tiny_checkpoint, tmp_path, suffix, fronts):
     src = write_input(tmp_path / f"pairs{suffix}", make_pairs(6000, long_every=3))
     reference = qtrel_score(tiny_checkpoint, src, tmp_path / f"reference{suffix}", "--chunk-rows", "250")
     jobs_dir, port = tmp_path / "jobs", free_port()
     url = f"http://127.0.0.1:{port}"
-    proc = serve(tiny_checkpoint, port, jobs_dir, tmp_path / "first.log")
+    proc = serve(tiny_checkpoint, port, jobs_dir, tmp_path / "first.log", fronts)
     try:
         wait_ready(url, proc, timeout=120)
         r = httpx.post(url + "/v1/jobs", content=src.read_bytes(), params={"filename": src.name, "chunk_rows": "250"})
@@ -58,7 +60,7 @@ def test_sigkill_mid_job_then_restart_completes_with_identical_output(tiny_check
         kill_group(proc)
     assert (jobs_dir / job_id / f"output{suffix}").exists() or (jobs_dir / job_id / f"output{suffix}.parts").exists()
 
-    proc = serve(tiny_checkpoint, port, jobs_dir, tmp_path / "second.log")
+    proc = serve(tiny_checkpoint, port, jobs_dir, tmp_path / "second.log", fronts)
     try:
         wait_ready(url, proc, timeout=120)
         deadline = time.monotonic() + 300
@@ -70,7 +72,33 @@ def test_sigkill_mid_job_then_restart_completes_with_identical_output(tiny_check
         assert job["status"] == "completed", job
         assert job["request_counts"]["total"] == 6005 and job["progress"]["rows_done"] == 6005
         got = httpx.get(f"{url}/v1/jobs/{job_id}/output", timeout=60).content
+        if fronts > 1:
+            every_call_from_either_front(url, src, job_id)
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.wait(timeout=60)
     assert got == reference
+
+
+def every_call_from_either_front(url: str, src, done_id: str) -> None:
+    """A second job queued, cancelled and deleted, a request at a time to whichever front takes it."""
+    with httpx.Client(base_url=url, timeout=60) as c:
+        r = c.post("/v1/jobs", content=src.read_bytes(), params={"filename": src.name, "chunk_rows": "100"})
+        assert r.status_code == 200, r.text
+        new = r.json()["id"]
+        for _ in range(10):  # each front reads the jobs directory: the new job at once, from any of them
+            assert c.get(f"/v1/jobs/{new}").json()["status"] in ("queued", "in_progress", "finalizing", "completed")
+            assert [j["id"] for j in c.get("/v1/jobs").json()["data"]][:2] == [new, done_id]
+        cancelled = c.post(f"/v1/jobs/{new}/cancel").json()
+        assert cancelled["status"] in ("cancelling", "cancelled", "completed"), cancelled
+        deadline = time.monotonic() + 60
+        while (job := c.get(f"/v1/jobs/{new}").json())["status"] not in ("cancelled", "completed"):
+            assert time.monotonic() < deadline, job
+            time.sleep(0.05)
+        assert c.post(f"/v1/jobs/{new}/cancel").status_code == 409
+        assert c.delete(f"/v1/jobs/{new}").json()["deleted"] is True
+        for _ in range(10):
+            assert c.get(f"/v1/jobs/{new}").status_code == 404
+        assert c.get(f"/v1/jobs/{done_id}/output").status_code == 200
+        metrics = c.get("/metrics").text  # the core's job gauges, merged into every front's /metrics
+        assert 'qtrel_jobs{state="completed"}' in metrics and "qtrel_job_pairs_total" in metrics

@@ -200,6 +200,9 @@ def test_refusals(client, server, dirs, tmp_path):
     refused(post("/v1/jobs", json={"input_path": str(dirs / "allowed" / "none.csv")}), 422, "no such")
     refused(post("/v1/jobs", json={"path": "x"}), 422, "input_path")
     refused(client.get("/v1/jobs/job_nope"), 404, "job_nope")
+    for odd in ("job_..", ".incoming", "job_0123456789abcdef0123456789"):  # no folder of ours
+        refused(client.get(f"/v1/jobs/{odd}"), 404, "no job")
+        refused(client.delete(f"/v1/jobs/{odd}"), 404, "no job")
     refused(client.get("/v1/jobs", params={"after": "job_nope"}), 404, "job_nope")
     assert client.get("/v1/jobs", params={"limit": 100}).json()["data"] == before  # nothing was queued
     assert list((server.settings.jobs_dir / ".incoming").iterdir()) == []  # and no upload left behind
