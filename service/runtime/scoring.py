@@ -13,8 +13,8 @@ reload): `take` returns SLOW and the caller runs the awaited path.
 
 from __future__ import annotations
 
+import asyncio
 import time
-from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
@@ -75,7 +75,7 @@ class Pending:
     def watch(self, key: Key, flight: Flight) -> None:
         if not flight.future.done():
             self.left += 1
-            flight.future.add_done_callback(lambda fut: self.landed(key, fut))
+            flight.watchers.append(self)  # told by the flight's one callback (service.runtime.flight)
 
     def landed(self, key: Key, fut: Any) -> None:
         if self.closed:
@@ -98,8 +98,9 @@ class Pending:
             new.waiters += 1
             self.flights[key] = new
             self.left -= 1
-            return self.watch(key, new)
-        self.left -= 1
+            self.watch(key, new)  # (a flight another request already brought home is not waited on)
+        else:
+            self.left -= 1
         if self.left == 0:
             self.finish(None)
 
@@ -144,7 +145,7 @@ class FrameSide:
     require_ready: Callable[..., Any]
     _model: Callable[..., Any]
     _admit: Callable[..., None]
-    _count: Callable[..., None]
+    _tally: dict[Any, int]  # metric series -> what to add at the end of this turn of the event loop
     _series: Callable[..., Any]
 
     def take(self, a: dict, trace: Any, reply: Reply, touched: set[Batcher]) -> Pending | str | None:
@@ -201,7 +202,12 @@ class FrameSide:
             slot.batcher.promote([f.future for f in flights.values()])
         if todo:
             self._admit(slot, len(todo), priority)
-        self._count(len(keys), len(found), len(flights), len(todo), look)
+        m, hits, joined, fresh = self.metrics, len(found), len(flights), len(todo)
+        if look:
+            self.tally(m.cache_hits, hits)
+            self.tally(m.cache_misses, joined + fresh)
+        self.tally(self._series(m.folded, "request"), len(keys) - hits - joined - fresh)
+        self.tally(self._series(m.folded, "in_flight"), joined)
         enc = Encoded.pick_from(a["ids"], a["segs"], a["cut"], list(todo.values()))
         if not a["allow_truncation"]:
             cut = {k: c.truncated for k, c in found.items()} | {k: f.truncated for k, f in flights.items()}
@@ -228,10 +234,24 @@ class FrameSide:
 
     def outputs(self, name: str, model: Any, outputs: list[Cached]) -> Scored:
         """The answer from each pair's result, counted in the metrics (pairs, levels)."""
-        self._series(self.metrics.pairs, name).inc(len(outputs))
+        self.tally(self._series(self.metrics.pairs, name), len(outputs))
         levels = model.labels
-        for level, count in Counter(c.output.level for c in outputs).items():
-            self._series(self.metrics.levels, name, levels[level]).inc(count)
+        for c in outputs:
+            self.tally(self._series(self.metrics.levels, name, levels[c.output.level]), 1)
         return Scored(
             [c.output for c in outputs], [c.length for c in outputs], [c.truncated for c in outputs], levels, name
         )
+
+    def tally(self, series: Any, n: int) -> None:
+        """Add `n` to a metric series at the end of this turn of the event loop: one locked increment a
+        series for a frame's requests, not one per request (prometheus_client takes a lock each)."""
+        if n:
+            t = self._tally
+            if not t:
+                asyncio.get_running_loop().call_soon(self._count_tally)
+            t[series] = t.get(series, 0) + n
+
+    def _count_tally(self) -> None:
+        t, self._tally = self._tally, {}
+        for series, n in t.items():
+            series.inc(n)
