@@ -62,7 +62,8 @@ class Flights:
             del self._in_flight[key]
         if not flight.future.cancelled() and flight.future.exception() is None:
             self._on_result(key, flight)
-        for w in flight.watchers:
+        watchers, flight.watchers = flight.watchers, []  # no cycle left for the GC (a watcher holds the flight)
+        for w in watchers:
             try:
                 w.landed(key, flight.future)
             except Exception:  # one watcher's failure must not leave the others waiting
