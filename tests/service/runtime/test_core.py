@@ -22,8 +22,11 @@ def settings_for(model_dir, **overrides) -> Settings:
     return Settings(model=str(model_dir), device="cpu", dtype="float32", worker="thread", warmup=False, **overrides)
 
 
-def linked(tmp_path, model_dir, body, core_tracing: Tracing | None = None, front_tracing=None, **overrides):
-    """Run `body(engine, remote)`: the engine served by a CoreServer, the RemoteEngine connected to it."""
+def linked(
+    tmp_path, model_dir, body, core_tracing: Tracing | None = None, front_tracing=None, with_core=False, **overrides
+):
+    """Run `body(engine, remote)` (with `with_core`: `body(engine, remote, core)`): the engine served by a
+    CoreServer, the RemoteEngine connected to it."""
     s = settings_for(model_dir, **overrides)
 
     async def main():
@@ -39,7 +42,7 @@ def linked(tmp_path, model_dir, body, core_tracing: Tracing | None = None, front
                 break
             await asyncio.sleep(0.01)
         try:
-            return await body(engine, remote)
+            return await (body(engine, remote, core) if with_core else body(engine, remote))
         finally:
             await remote.stop()
             await core.stop()
@@ -133,3 +136,22 @@ def test_the_front_s_trace_and_request_id_reach_the_core(tmp_path, tiny_checkpoi
         assert spans[name].context.trace_id == ctx.trace_id
         assert spans[name].parent.span_id == ctx.span_id
     assert tags == ["request req-42"]
+
+
+def test_tokens_of_a_reloaded_generation_are_stale_and_the_front_tokenises_again(tmp_path, tiny_checkpoint):
+    async def body(engine, remote, core):
+        first = await remote.score(["drill"], ["cordless drill"], use_cache=False)
+        generation = engine.generation
+        core._pusher.cancel()  # the front learns of the reload only when the test pushes the state
+        await engine.reload()
+        assert engine.generation == generation + 1
+        task = asyncio.ensure_future(remote.score(["drill"], ["cordless drill"], use_cache=False))
+        await asyncio.sleep(0.3)
+        assert not task.done()  # Stale came back: the front waits for the new state
+        core.push()
+        again = await task  # tokenised again for the new generation
+        assert remote.state["models"][0]["generation"] == generation + 1
+        assert again.outputs[0].logits == pytest.approx(first.outputs[0].logits, abs=1e-5)
+        return True
+
+    assert linked(tmp_path, tiny_checkpoint, body, with_core=True)
