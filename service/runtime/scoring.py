@@ -110,10 +110,13 @@ class Pending:
         scored = None
         if error is None:
             found = self.found
-            for k, f in self.flights.items():
-                found[k] = Cached(f.future.result(), f.length, f.truncated)
-            scored = side.outputs(self.served.name, self.model, [found[k] for k in self.keys])
-        else:
+            try:
+                for k, f in self.flights.items():
+                    found[k] = Cached(f.future.result(), f.length, f.truncated)
+                scored = side.outputs(self.served.name, self.model, [found[k] for k in self.keys])
+            except Exception as e:  # answered with the error: a request is never left waiting
+                error = e
+        if error is not None:
             error = failure(error, side.metrics)
         self.release()
         if scored is not None and (shadow := side.models.shadow) is not None and self.served is side.models.default:
