@@ -2,7 +2,7 @@
 loop, each without a task of its own. One request is looked up (cache, single flight), admitted and
 submitted at once; its distinct pairs' futures each call back when they land, and the last one answers it.
 Nothing is awaited, so a request costs its bookkeeping and a callback per pair, not an asyncio task's
-steps and wake-ups (service.runtime.core: a request was a task, ~0.2 of the core's CPU).
+steps and wake-ups (docs/fronts-bench.md: the core's CPU per request fell by a fifth to a third).
 
 The rules are `Engine.score`'s, kept here in step: readiness, the load generation (`Stale`), the cache and
 single flight, promotion of joined low-priority pairs, admission (429), `allow_truncation`, the deadline (a
