@@ -184,6 +184,7 @@ def one_run(
             "model_us": sum(spent[p] for p in roles["model"]) / n * 1e6,
             "wrk_us": r["wrk_cpu_s"] / n * 1e6,
             "idle_pss_mb": idle,
+            "loadavg": round(os.getloadavg()[0], 2),  # the host's load after the run: name it beside the figures
         }
         return r
     finally:

@@ -40,38 +40,16 @@ def serve(settings) -> int:
         from service.core_main import serve_core
 
         return serve_core(settings, count, why)
-    import uvicorn
-
     from service.app import Lifecycle, create_app
     from service.logs import configure
+    from service.runtime.layout import quiet_gc
+    from service.server import http_server
 
     configure(settings.log_level, settings.log_json)
     lifecycle = Lifecycle()
     app = create_app(settings, lifecycle)
-
-    class Server(uvicorn.Server):
-        def handle_exit(self, sig, frame):
-            lifecycle.begin_drain()
-            super().handle_exit(sig, frame)
-
-    config = uvicorn.Config(
-        app,
-        host=settings.host,
-        port=settings.port,
-        log_config=None,
-        log_level=settings.log_level,
-        timeout_graceful_shutdown=int(settings.drain_timeout_s) or None,
-        access_log=False,
-    )
-    from service.runtime.layout import quiet_gc
-
     quiet_gc()  # this process is the server's alone: keep the start-up objects out of the GC's scans
-    server = Server(config)
-
-    def fatal(why: str) -> None:
-        server.should_exit = True  # stop at once: there is no work to drain
-
-    lifecycle.on_fatal = fatal
+    server = http_server(app, settings, lifecycle, host=settings.host, port=settings.port)
     signal.signal(signal.SIGHUP, lambda sig, frame: lifecycle.hangup())
     server.run()
     if lifecycle.fatal:

@@ -32,12 +32,11 @@ def front_socket(settings: Settings) -> socket.socket:
 
 
 def main() -> int:
-    import uvicorn
-
     from service.app import Lifecycle, create_app
     from service.logs import configure
     from service.runtime.layout import quiet_gc
     from service.runtime.remote import RemoteEngine
+    from service.server import http_server
 
     settings = Settings(**json.loads(sys.stdin.read()))
     configure(settings.log_level, settings.log_json)
@@ -53,29 +52,12 @@ def main() -> int:
 
     app = create_app(settings, lifecycle, engine_factory=remote)
 
-    class Server(uvicorn.Server):
-        def handle_exit(self, sig, frame):
-            lifecycle.begin_drain()
-            super().handle_exit(sig, frame)
-
-    config = uvicorn.Config(
-        app,
-        log_config=None,
-        log_level=settings.log_level,
-        timeout_graceful_shutdown=int(settings.drain_timeout_s) or None,
-        access_log=False,
-    )
-    server = Server(config)
+    server = http_server(app, settings, lifecycle)
 
     def core_gone() -> None:
         lifecycle.fatal = "the engine core is gone"
         server.should_exit = True
         server.force_exit = True  # nobody can answer the requests held: end now
-
-    def fatal(why: str) -> None:
-        server.should_exit = True
-
-    lifecycle.on_fatal = fatal
 
     def hangup(sig, frame) -> None:
         settings.keyring.reload()

@@ -55,6 +55,20 @@ class Tracing:
         """The current trace context, handed with submitted work to the batcher (None when off)."""
         return None
 
+    def carrier(self) -> dict | None:
+        """The current trace context as W3C headers (`traceparent`): what a front sends the engine core
+        with a request, so that the core's spans join the front's trace (None when off)."""
+        return None
+
+    def context_of(self, carrier: dict | None) -> Any:
+        """The trace context a `carrier` describes (None when off or without one)."""
+        return None
+
+    @contextmanager
+    def attached(self, context: Any) -> Iterator[None]:
+        """Run the block under `context` (from `context_of`) as the current trace context."""
+        yield
+
     @contextmanager
     def span(self, name: str, **attributes: Any) -> Iterator[Any]:
         yield _NoSpan()
@@ -73,16 +87,36 @@ class OtelTracing(Tracing):
 
     def __init__(self, provider: Any):
         from opentelemetry import context as otel_context
-        from opentelemetry import trace
+        from opentelemetry import propagate, trace
 
         self.provider = provider
         self._tracer = provider.get_tracer("qtrel")
         self._context = otel_context
         self._trace = trace
+        self._propagate = propagate  # OTEL_PROPAGATORS: W3C trace context and baggage by default
         self.batch_tracer = self
 
     def context(self) -> Any:
         return self._context.get_current()
+
+    def carrier(self) -> dict | None:
+        headers: dict = {}
+        self._propagate.inject(headers)
+        return headers or None
+
+    def context_of(self, carrier: dict | None) -> Any:
+        return self._propagate.extract(carrier) if carrier else None
+
+    @contextmanager
+    def attached(self, context: Any) -> Iterator[None]:
+        if context is None:
+            yield
+            return
+        token = self._context.attach(context)
+        try:
+            yield
+        finally:
+            self._context.detach(token)
 
     @contextmanager
     def span(self, name: str, **attributes: Any) -> Iterator[Any]:

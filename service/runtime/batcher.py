@@ -199,10 +199,12 @@ class Batcher:
         trace: Any = None,
         tag: str | None = None,
         priority: int = HIGH,
+        report: bool = True,
     ) -> list[asyncio.Future]:
         """Queue (length, payload) items; returns one future per item, resolved with its result. `trace`:
         an opaque context handed back to the tracer with this work's batch timings; `tag` names the work
-        in the log line of an item that fails alone; `priority` its class (an index in PRIORITIES)."""
+        in the log line of an item that fails alone; `priority` its class (an index in PRIORITIES).
+        `report`: False leaves the queue's gauges to one `report()` after several submissions."""
         if any(length > self.max_batch_tokens for length, _ in work):
             raise ValueError(f"an item is longer than max_batch_tokens ({self.max_batch_tokens})")
         self.check_admission(len(work), sum(length for length, _ in work), priority)
@@ -217,9 +219,14 @@ class Batcher:
             self._count(it, 1)
             futures.append(fut)
         self._idle.clear()
-        self._report()
+        if report:
+            self._report()
         self._wake.set()
         return futures
+
+    def report(self) -> None:
+        """Tell the observer the queue's depths (after submissions made with report=False)."""
+        self._report()
 
     # --- lifecycle ----------------------------------------------------------------------------
     def start(self) -> None:

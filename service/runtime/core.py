@@ -5,16 +5,22 @@ per model: batches form across every front), the pair-score cache and single fli
 model processes, the shadow, reloads and drain. The fronts (service.front) do HTTP, validation, keys,
 tokenisation and response shaping, and send the core token ids over a Unix socket (service.runtime.wire):
 
-    front -> core   ("score", id, args)     token ids and the texts (the cache key), once
+    front -> core   ("scores", 0, [(id, args), ...])  the score requests of one event-loop turn: token ids,
+                                             the texts (the cache key), the request id and the trace
+                                             context (W3C traceparent), each request's fields once
                     ("call", id, name, args) explain, reload, info, model_list, jobs_wake: rare, by name
                     ("metrics", id)          /metrics: the core asks every front for its samples
                     ("cancel", id)           the client hung up: the core drops the request's pairs
-    core -> front   ("ok", id, value) or ("err", id, error)
+    core -> front   ("done", 0, [(id, ok, value or error), ...])  the score answers of one turn
+                    ("ok", id, value) or ("err", id, error)  a call's answer (and a score held by a reload)
                     ("state", 0, snapshot)   readiness, liveness and each model's generation and path,
                                              pushed on every change (probes never wait on the core)
                     ("collect", id)          the front's metric samples, for a merged /metrics
 
-It knows nothing of HTTP: errors cross as the runtime's own classes (wire.dump_error).
+A frame's requests are taken on the event loop without a task each (service.runtime.scoring: one
+callback per pair; replies of a turn in one frame); only a model held by an in-place reload sends its
+requests down the engine's awaited path. It knows nothing of HTTP: errors cross as the runtime's own
+classes (wire.dump_error).
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Awaitable, Callable
+from functools import partial
 from typing import Any
 
 from model.tokenizer import EncodedPairs
@@ -30,6 +37,7 @@ from service.logs import request_id
 from service.metrics_merge import merge, samples
 from service.runtime.encoded import Encoded
 from service.runtime.engine import Engine
+from service.runtime.scoring import SLOW, Pending
 from service.runtime.wire import Channel, dump_error
 
 log = logging.getLogger("qtrel.core")
@@ -51,15 +59,18 @@ class Link:
         self.core = core
         self.channel = Channel(self.on_frame, self.on_close)
         self.tasks: dict[int, asyncio.Task] = {}
+        self.pending: dict[int, Pending] = {}  # score requests taken without a task, by id
         self.collecting: dict[int, asyncio.Future] = {}
         self.pid = 0
 
     def on_frame(self, frame: tuple) -> None:
         op, rid = frame[0], frame[1]
-        if op == "score":
-            self._start(rid, self.core.score(frame[2]))
+        if op == "scores":
+            self._scores(frame[2])
         elif op == "cancel":
-            if (t := self.tasks.get(rid)) is not None:
+            if (p := self.pending.pop(rid, None)) is not None:
+                p.cancel()
+            elif (t := self.tasks.get(rid)) is not None:
                 t.cancel()
         elif op == "call":
             self._start(rid, self.core.call(frame[2], frame[3]))
@@ -71,6 +82,29 @@ class Link:
         elif op == "hello":
             self.pid = frame[2]
             self.channel.send(("state", 0, self.core.snapshot()))
+
+    def _scores(self, requests: list) -> None:
+        engine, tracing = self.core.engine, self.core.engine.tracing
+        touched: set = set()
+        for rid, a in requests:
+            try:
+                p = engine.take(a, tracing.context_of(a["tp"]), partial(self._reply, rid), touched)
+            except Exception as e:  # a malformed request: its answer, not the frame's end
+                self._reply(rid, e, None)
+                continue
+            if p is SLOW:
+                self._start(rid, self.core.score(a))
+            elif p is not None:
+                self.pending[rid] = p  # type: ignore[assignment]
+        for batcher in touched:
+            batcher.report()
+
+    def _reply(self, rid: int, error: BaseException | None, scored) -> None:
+        self.pending.pop(rid, None)
+        if error is None:
+            self.channel.send_item("done", (rid, True, scored_value(scored)))
+        else:
+            self.channel.send_item("done", (rid, False, dump_error(error)))
 
     def _start(self, rid: int, job) -> None:
         task = asyncio.ensure_future(self._answer(rid, job))
@@ -90,6 +124,9 @@ class Link:
     def on_close(self) -> None:
         for t in list(self.tasks.values()):
             t.cancel()  # the front is gone: so are its clients
+        for p in list(self.pending.values()):
+            p.cancel()
+        self.pending.clear()
         for f in self.collecting.values():
             if not f.done():
                 f.cancel()
@@ -179,10 +216,13 @@ class CoreServer:
 
     # --- requests -------------------------------------------------------------------------------
     async def score(self, a: dict) -> tuple:
+        """One score request on the engine's awaited path (a model held by an in-place reload)."""
         token = request_id.set(a.pop("rid"))
+        tracing = self.engine.tracing
         try:
-            enc = Encoded(EncodedPairs(a.pop("ids"), a.pop("segs"), a.pop("cut")), a.pop("generation"))
-            return scored_value(await self.engine.score(a.pop("queries"), a.pop("titles"), encoded=enc, **a))
+            with tracing.attached(tracing.context_of(a.pop("tp"))):
+                enc = Encoded(EncodedPairs(a.pop("ids"), a.pop("segs"), a.pop("cut")), a.pop("generation"))
+                return scored_value(await self.engine.score(a.pop("queries"), a.pop("titles"), encoded=enc, **a))
         finally:
             request_id.reset(token)
 

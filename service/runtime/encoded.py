@@ -17,9 +17,14 @@ class Encoded:
 
     def pick(self, rows: list[int]) -> EncodedPairs:
         p = self.pairs
-        return EncodedPairs(
-            [p.input_ids[i] for i in rows], [p.token_type_ids[i] for i in rows], [p.truncated[i] for i in rows]
-        )
+        return self.pick_from(p.input_ids, p.token_type_ids, p.truncated, rows)
+
+    @staticmethod
+    def pick_from(ids: list, segs: list, cut: list, rows: list[int]) -> EncodedPairs:
+        """The rows' pairs (all of them when `rows` is every row in order: no copy)."""
+        if len(rows) == len(ids):
+            return EncodedPairs(ids, segs, cut)
+        return EncodedPairs([ids[i] for i in rows], [segs[i] for i in rows], [cut[i] for i in rows])
 
 
 class Stale(BackendError):

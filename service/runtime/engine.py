@@ -32,6 +32,7 @@ from service.runtime.flight import Flight, Flights
 from service.runtime.layout import package_version, resolve_http_workers
 from service.runtime.models import ModelNotFound, Models, ReloadBusy, ReloadFailed, Served, Slot
 from service.runtime.results import InferenceFailed, InputTooLong, Scored, Tokenized
+from service.runtime.scoring import FrameSide, describe_error
 from service.runtime.texts import INLINE_PAIRS, TextSide
 from service.runtime.windows import TooManyWindows, Windowed, WindowPick
 from service.runtime.worker import ModelInfo
@@ -63,7 +64,7 @@ __all__ = [  # the errors HTTP maps (service.http.errors), with the engine's own
 log = logging.getLogger("qtrel.engine")
 
 
-class Engine(TextSide):
+class Engine(TextSide, FrameSide):
     def __init__(self, settings: Settings, models: Models, metrics: Metrics, tracing: Tracing | None = None):
         self.settings = settings
         self.tracing = tracing or Tracing()  # off: every call a no-op
@@ -75,6 +76,7 @@ class Engine(TextSide):
         self.flights = Flights(self._landed)
         self._tok_pool = ThreadPoolExecutor(1, thread_name_prefix="qtrel-tokenize")
         self._children: dict[tuple, Any] = {}  # labelled metric series by (metric, labels): see _series
+        self._tally: dict[Any, int] = {}  # counts to add at the end of this event-loop turn (FrameSide.tally)
 
     # the default model's parts (what one-model callers and tests read)
     runtime = property(lambda self: self.models.default.current.runtime, doc="the default model's Runtime")
@@ -326,7 +328,7 @@ class Engine(TextSide):
         except (Closed, Overloaded, asyncio.CancelledError):
             raise
         except Exception as e:  # the batch failed
-            raise InferenceFailed(f"inference failed: {_describe(e)}") from e
+            raise InferenceFailed(f"inference failed: {describe_error(e)}") from e
 
     def _count(self, pairs: int, hits: int, joined: int, forwarded: int, looked: bool) -> None:
         m = self.metrics
@@ -360,9 +362,4 @@ class Engine(TextSide):
                 return await slot.worker.job("explain", query, title, **options) | {"model": served.name}
         except Exception as e:
             self.require_ready(model)  # the worker stopped or drains since the check above
-            raise InferenceFailed(f"explanation failed: {_describe(e)}") from e
-
-
-def _describe(e: Exception) -> str:
-    """A backend error says what failed in its own words; anything else is named by its type."""
-    return str(e) if isinstance(e, BackendError) else f"{type(e).__name__}: {e}"
+            raise InferenceFailed(f"explanation failed: {describe_error(e)}") from e

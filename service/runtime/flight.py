@@ -11,12 +11,15 @@ Event loop only.
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from service.runtime.batcher import Closed, DeadlineExceeded
 from service.runtime.cache import Key
+
+log = logging.getLogger("qtrel.flight")
 
 
 @dataclass(eq=False)
@@ -27,6 +30,9 @@ class Flight:
     truncated: bool
     deadline: float  # monotonic seconds: the deadline the pair was queued under
     waiters: int = field(default=0)
+    # told `landed(key, future)` once the pair is done (and cached): the engine core's requests, which
+    # wait without a task (service.runtime.scoring)
+    watchers: list = field(default_factory=list)
 
 
 class Flights:
@@ -56,6 +62,12 @@ class Flights:
             del self._in_flight[key]
         if not flight.future.cancelled() and flight.future.exception() is None:
             self._on_result(key, flight)
+        watchers, flight.watchers = flight.watchers, []  # no cycle left for the GC (a watcher holds the flight)
+        for w in watchers:
+            try:
+                w.landed(key, flight.future)
+            except Exception:  # one watcher's failure must not leave the others waiting
+                log.exception("a waiter on a pair failed")
 
     async def wait(
         self,

@@ -113,7 +113,16 @@ class RemoteEngine(TextSide):
     # --- frames ---------------------------------------------------------------------------------
     def _on_frame(self, frame: tuple) -> None:
         op, rid = frame[0], frame[1]
-        if op == "ok" or op == "err":
+        if op == "done":
+            waiting = self._waiting
+            for rid, ok, value in frame[2]:
+                f = waiting.pop(rid, None)
+                if f is not None and not f.done():
+                    if ok:
+                        f.set_result(value)
+                    else:
+                        f.set_exception(load_error(value, ERRORS))
+        elif op == "ok" or op == "err":
             f = self._waiting.pop(rid, None)
             if f is not None and not f.done():
                 if op == "ok":
@@ -134,13 +143,18 @@ class RemoteEngine(TextSide):
             self.channel.send(("collected", rid, samples(self.metrics.registry)))
 
     async def _ask(self, *frame: Any) -> Any:
+        """Send a frame (its id filled in) and wait for its answer; ("scores", args) goes as one item of
+        this turn's one score frame."""
         if self.channel is None or self.channel.closed.is_set():
             raise NotReady("engine core gone")
         self._ids += 1
         rid = self._ids
         f = asyncio.get_running_loop().create_future()
         self._waiting[rid] = f
-        self.channel.send((frame[0], rid, *frame[1:]))
+        if frame[0] == "scores":
+            self.channel.send_item("scores", (rid, frame[1]))
+        else:
+            self.channel.send((frame[0], rid, *frame[1:]))
         try:
             return await f
         except asyncio.CancelledError:
@@ -215,9 +229,10 @@ class RemoteEngine(TextSide):
                 "segs": enc.token_type_ids,
                 "cut": enc.truncated,
                 "rid": request_id.get() or "",
+                "tp": self.tracing.carrier(),  # the core's spans join this request's trace
             }
             try:
-                outs, lengths, cut, labels, served = await self._ask("score", args)
+                outs, lengths, cut, labels, served = await self._ask("scores", args)
             except Stale:
                 changed = self._changed
                 if self._model_state(model)["generation"] == generation:  # the new state is on its way

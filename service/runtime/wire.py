@@ -40,6 +40,7 @@ class Channel(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self._buf = bytearray()
         self._out: list[bytes] = []  # frames sent in this turn of the event loop: one write for them all
+        self._lists: dict[str, list] = {}  # items of this turn's one frame per op (send_item)
         self.closed = asyncio.Event()
 
     def connection_made(self, transport) -> None:
@@ -75,12 +76,24 @@ class Channel(asyncio.Protocol):
     def send(self, frame: tuple) -> None:
         """Queue a frame; the frames of one turn of the event loop go out in one write (one system call
         for the replies to a whole batch)."""
-        if not self._out:
+        if not self._out and not self._lists:
             asyncio.get_running_loop().call_soon(self._flush)
         self._out.append(pack(frame))
 
+    def send_item(self, op: str, item: tuple) -> None:
+        """Queue `item` for the one `(op, 0, [items])` frame of this turn of the event loop: the requests
+        (or replies) of a turn cross as one frame, unpacked by one `marshal.loads`."""
+        if not self._out and not self._lists:
+            asyncio.get_running_loop().call_soon(self._flush)
+        if (items := self._lists.get(op)) is None:
+            items = self._lists[op] = []
+        items.append(item)
+
     def _flush(self) -> None:
-        out, self._out = self._out, []
+        lists, self._lists = self._lists, {}
+        out = [pack((op, 0, items)) for op, items in lists.items()]  # first: a cancel follows its request
+        out += self._out
+        self._out = []
         if self.transport is not None and not self.transport.is_closing():
             self.transport.write(b"".join(out))
 
