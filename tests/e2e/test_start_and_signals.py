@@ -15,7 +15,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.conftest import read_pairs
+from tests.conftest import fronts_env, read_pairs
 from tests.e2e.test_sigterm import start_server, wait_ready
 from tests.service.conftest import free_port
 
@@ -229,7 +229,7 @@ def test_serve_from_a_directory_with_model_and_service_folders_of_its_own(tiny_c
         (tmp_path / name).mkdir()
         (tmp_path / name / "__init__.py").write_text(f'raise SystemExit("the ./{name} folder was imported")\n')
     port = free_port()
-    env = {**os.environ, "QTREL_LOG_JSON": "true"}
+    env = {**os.environ, **fronts_env(), "QTREL_LOG_JSON": "true"}
     env.pop("PYTHONSAFEPATH", None)
     cmd = [str(qtrel), "serve", "--model", str(tiny_checkpoint), "--host", "127.0.0.1", "--port", str(port)]
     proc = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
