@@ -25,19 +25,36 @@ from harness.live import Server, pct, statuses, title
 from harness.loadlog import Log, post, summary
 
 OPEN_CAP = 512  # requests in flight at most in an open loop, as load.py's
+FRONT_UP_S = 3.0  # killstorm --kill fronts: a front is killed only while every front has been up this long
+
+
+def age_s(pid: int) -> float:
+    with open(f"/proc/{pid}/stat") as f, open("/proc/uptime") as up:
+        return float(up.read().split()[0]) - int(f.read().rsplit(")", 1)[1].split()[19]) / os.sysconf("SC_CLK_TCK")
 
 
 def victims(srv: Server, kill: str) -> list[int]:
-    """The model processes' pids, or the front processes' (from /info; none while /info cannot answer)."""
+    """The model processes' pids, or the front processes' once every front has been up for FRONT_UP_S
+    (a storm of fronts, not the death of all at once; none while /info cannot answer)."""
     try:
         info = httpx.get(srv.url + "/info", timeout=5).json()
-    except (httpx.TransportError, ValueError):
-        return []  # a new connection can meet the front just killed
-    return info["fronts"].get("pids", []) if kill == "fronts" else info["worker"]["pids"]
+        if kill == "models":
+            return info["worker"]["pids"]
+        pids = info["fronts"].get("pids", [])
+        full = len(pids) == info["fronts"]["http_workers"] and min(map(age_s, pids)) >= FRONT_UP_S
+        return pids if full else []
+    except (httpx.TransportError, ValueError, OSError):
+        return []  # a new connection can meet the front just killed, a pid its end
 
 
 def health(srv: Server) -> dict:
-    return {p: httpx.get(srv.url + f"/health/{p}", timeout=5).status_code for p in ("ready", "live")}
+    out: dict = {}
+    for p in ("ready", "live"):
+        try:
+            out[p] = httpx.get(srv.url + f"/health/{p}", timeout=5).status_code
+        except httpx.TransportError as e:
+            out[p] = type(e).__name__
+    return out
 
 
 # --- the kill storm -------------------------------------------------------------------------------
@@ -102,8 +119,9 @@ async def killstorm(a) -> dict:
             "health_right_after_storm": after_storm,
             "health_at_end": health(srv),
             "recovered_full_speed_after_s": recovered,
-            # a front's death drops the connections it held (ClientError): each must be one it had taken
-            "not_answered": sum(1 for r in rows if isinstance(r[1], str)),
+            # a front's death drops the connections it held (ServerDisconnectedError, ClientOSError); a
+            # connection refused (ClientConnectorError) was never accepted
+            "accepted_not_answered": sum(1 for r in rows if isinstance(r[1], str) and r[1] != "ClientConnectorError"),
             "answered_not_200": sum(1 for r in rows if isinstance(r[1], int) and r[1] != 200),
             "front_restarts": (await asyncio.to_thread(httpx.get, srv.url + "/info")).json()["fronts"].get("restarts"),
             "server_statuses": statuses(srv),

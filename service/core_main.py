@@ -56,9 +56,16 @@ async def run_core(settings: Settings, count: int, why: str) -> str | None:
     loop.add_signal_handler(signal.SIGHUP, hangup)
 
     async def supervise() -> None:  # replace fronts that die, from the start (also while models load)
-        while True:
-            fronts.check()
-            await asyncio.sleep(STATE_EVERY_S)
+        collecting: asyncio.Future | None = None
+        try:
+            while True:
+                fronts.check()
+                if collecting is None or collecting.done():  # the fronts' metric samples, about every second
+                    collecting = asyncio.ensure_future(asyncio.gather(asyncio.sleep(1.0), core.collect_fronts()))
+                await asyncio.sleep(STATE_EVERY_S)
+        finally:
+            if collecting is not None:
+                collecting.cancel()
 
     supervising = asyncio.ensure_future(supervise())
     starting = asyncio.ensure_future(engine.start())

@@ -200,10 +200,15 @@ class CoreServer:
     async def metrics_text(self) -> bytes:
         """/metrics for the whole server: the core's samples and every front's, merged (counters and
         histograms summed; each gauge is set by one process only, so its sum is its value)."""
+        await self.collect_fronts()
+        return merge([samples(self.engine.metrics.registry), *self.front_samples.parts()])
+
+    async def collect_fronts(self) -> None:
+        """Every front's samples, kept (service.metrics_merge.FrontSamples); also every second, so that a
+        front killed loses at most its last second of counts."""
         self._ids += 1
         links = list(self.links)
         found = await asyncio.gather(*(link.collect(self._ids) for link in links), return_exceptions=True)
         for link, part in zip(links, found, strict=True):
             if isinstance(part, list) and link in self.links:  # else its last samples count (FrontSamples)
                 self.front_samples.seen(link, part)
-        return merge([samples(self.engine.metrics.registry), *self.front_samples.parts()])
