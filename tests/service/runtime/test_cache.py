@@ -13,7 +13,7 @@ import pytest
 
 from service.runtime.cache import Cached, ScoreCache, make_key
 from service.runtime.engine import DeadlineExceeded, Engine, InputTooLong
-from service.runtime.flight import _all_or_failure
+from service.runtime.flight import Flight, Flights
 from service.runtime.worker_api import PairOutput
 from tests.conftest import read_pairs
 from tests.service.runtime.test_engine import make_engine, served
@@ -224,7 +224,8 @@ def test_a_request_whose_flights_are_partly_done_waits_for_the_rest():
         landed, queued = loop.create_future(), loop.create_future()
         landed.set_result(1)
         loop.call_later(0.01, queued.set_result, 2)
-        await _all_or_failure({landed, queued})
+        flights = {k: Flight(f, None, 1, False, float("inf")) for k, f in (("a", landed), ("b", queued))}
+        await Flights(lambda k, f: None).wait(flights, float("inf"), lambda k, f: f)
         return queued.done()
 
     assert asyncio.run(main())
