@@ -56,18 +56,17 @@ async def run_core(settings: Settings, count: int, why: str) -> str | None:
     loop.add_signal_handler(signal.SIGHUP, hangup)
 
     async def supervise() -> None:  # replace fronts that die, from the start (also while models load)
-        collecting: asyncio.Future | None = None
-        try:
-            while True:
-                fronts.check()
-                if collecting is None or collecting.done():  # the fronts' metric samples, about every second
-                    collecting = asyncio.ensure_future(asyncio.gather(asyncio.sleep(1.0), core.collect_fronts()))
-                await asyncio.sleep(STATE_EVERY_S)
-        finally:
-            if collecting is not None:
-                collecting.cancel()
+        while True:
+            fronts.check()
+            await asyncio.sleep(STATE_EVERY_S)
+
+    async def collect() -> None:  # the fronts' metric samples every second: a killed front loses at most that
+        while True:
+            await core.collect_fronts()
+            await asyncio.sleep(1.0)
 
     supervising = asyncio.ensure_future(supervise())
+    collecting = asyncio.ensure_future(collect())
     starting = asyncio.ensure_future(engine.start())
     stopping = asyncio.ensure_future(stop.wait())
     fatal: str | None = None
@@ -78,6 +77,7 @@ async def run_core(settings: Settings, count: int, why: str) -> str | None:
         else:
             await stopping  # serve until SIGTERM
         supervising.cancel()
+        collecting.cancel()
         core.draining = True
         core.push()  # the fronts' readiness goes off before they are told to stop
         clean = await asyncio.to_thread(fronts.stop, 0.0 if fatal else settings.drain_timeout_s)
@@ -89,6 +89,7 @@ async def run_core(settings: Settings, count: int, why: str) -> str | None:
             await asyncio.wait(running, timeout=settings.drain_timeout_s)
     finally:
         supervising.cancel()
+        collecting.cancel()
         starting.cancel()
         stopping.cancel()
         await core.stop()
