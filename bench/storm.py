@@ -1,6 +1,7 @@
 """Two long scenarios against a real `qtrel serve` (run through bench/stress.py):
 
   python bench/stress.py killstorm            # SIGKILL a random model process every 3 s for 30 s, 16 clients
+  python bench/stress.py killstorm --kill fronts --http-workers 2 --every 12 --storm 60   # front processes
   python bench/stress.py soak --seconds 1800  # 30 minutes of mixed traffic; --seconds 60 for a short run
   python bench/stress.py goodput --clients 4 --queue-pairs 1000   # capacity, then 4x offered load
 
@@ -21,53 +22,39 @@ from pathlib import Path
 import aiohttp
 import httpx
 from harness.live import Server, pct, statuses, title
+from harness.loadlog import Log, post, summary
 
 OPEN_CAP = 512  # requests in flight at most in an open loop, as load.py's
+FRONT_UP_S = 3.0  # killstorm --kill fronts: a front is killed only while every front has been up this long
 
 
-class Log:
-    """Every answered request: when it ended, its status, its latency, its pairs."""
-
-    def __init__(self) -> None:
-        self.rows: list[tuple[float, int | str, float, int]] = []
-
-    def add(self, status: int | str, latency: float, pairs: int) -> None:
-        self.rows.append((time.monotonic(), status, latency, pairs))
-
-    def window(self, t0: float, t1: float) -> list[tuple[float, int | str, float, int]]:
-        return [r for r in self.rows if t0 <= r[0] < t1]
+def age_s(pid: int) -> float:
+    with open(f"/proc/{pid}/stat") as f, open("/proc/uptime") as up:
+        return float(up.read().split()[0]) - int(f.read().rsplit(")", 1)[1].split()[19]) / os.sysconf("SC_CLK_TCK")
 
 
-def summary(rows, seconds: float) -> dict:
-    st: dict[str, int] = {}
-    for r in rows:
-        st[str(r[1])] = st.get(str(r[1]), 0) + 1
-    ok = [r for r in rows if r[1] == 200]
-    return {
-        "requests": len(rows),
-        "statuses": st,
-        "pairs_per_s": round(sum(r[3] for r in ok) / seconds, 1) if seconds > 0 else None,
-        "p50_ms": pct([r[2] for r in ok], 0.5),
-        "p99_ms": pct([r[2] for r in ok], 0.99),
-    }
-
-
-async def post(s: aiohttp.ClientSession, url: str, body, log: Log, pairs: int, timeout: float = 120) -> None:
-    t0 = time.perf_counter()
+def victims(srv: Server, kill: str) -> list[int]:
+    """The model processes' pids, or the front processes' once every front has been up for FRONT_UP_S
+    (a storm of fronts, not the death of all at once; none while /info cannot answer)."""
     try:
-        async with s.post(url, json=body, timeout=aiohttp.ClientTimeout(total=timeout)) as r:
-            await r.read()
-            log.add(r.status, time.perf_counter() - t0, pairs)
-    except (TimeoutError, aiohttp.ClientError) as e:
-        log.add(type(e).__name__, time.perf_counter() - t0, pairs)
-
-
-def worker_pids(srv: Server) -> list[int]:
-    return httpx.get(srv.url + "/info", timeout=5).json()["worker"]["pids"]
+        info = httpx.get(srv.url + "/info", timeout=5).json()
+        if kill == "models":
+            return info["worker"]["pids"]
+        pids = info["fronts"].get("pids", [])
+        full = len(pids) == info["fronts"]["http_workers"] and min(map(age_s, pids)) >= FRONT_UP_S
+        return pids if full else []
+    except (httpx.TransportError, ValueError, OSError):
+        return []  # a new connection can meet the front just killed, a pid its end
 
 
 def health(srv: Server) -> dict:
-    return {p: httpx.get(srv.url + f"/health/{p}", timeout=5).status_code for p in ("ready", "live")}
+    out: dict = {}
+    for p in ("ready", "live"):
+        try:
+            out[p] = httpx.get(srv.url + f"/health/{p}", timeout=5).status_code
+        except httpx.TransportError as e:
+            out[p] = type(e).__name__
+    return out
 
 
 # --- the kill storm -------------------------------------------------------------------------------
@@ -75,6 +62,8 @@ async def killstorm(a) -> dict:
     srv = Server(a.model, "--request-timeout-ms", "120000")
     try:
         srv.wait_ready()
+        if a.kill == "fronts" and len(victims(srv, "fronts")) < 2:
+            raise SystemExit("--kill fronts needs --http-workers 2 or more: one front must serve on")
         rng = random.Random(3)
         log = Log()
         stop = asyncio.Event()
@@ -91,7 +80,7 @@ async def killstorm(a) -> dict:
             await asyncio.sleep(a.before)
             t_storm = time.monotonic()
             while time.monotonic() - t_storm < a.storm:
-                pids = await asyncio.to_thread(worker_pids, srv)
+                pids = await asyncio.to_thread(victims, srv, a.kill)
                 if pids:
                     pid = rng.choice(pids)
                     try:
@@ -115,8 +104,10 @@ async def killstorm(a) -> dict:
             if base["pairs_per_s"] and (w["pairs_per_s"] or 0) >= 0.9 * base["pairs_per_s"]:
                 recovered = k
                 break
+        rows = log.rows
         return {
             "scenario": "killstorm",
+            "killed": a.kill,
             "clients": a.clients,
             "kill_every_s": a.every,
             "storm_s": a.storm,
@@ -128,6 +119,11 @@ async def killstorm(a) -> dict:
             "health_right_after_storm": after_storm,
             "health_at_end": health(srv),
             "recovered_full_speed_after_s": recovered,
+            # a front's death drops the connections it held (ServerDisconnectedError, ClientOSError); a
+            # connection refused (ClientConnectorError) was never accepted
+            "accepted_not_answered": sum(1 for r in rows if isinstance(r[1], str) and r[1] != "ClientConnectorError"),
+            "answered_not_200": sum(1 for r in rows if isinstance(r[1], int) and r[1] != 200),
+            "front_restarts": (await asyncio.to_thread(httpx.get, srv.url + "/info")).json()["fronts"].get("restarts"),
             "server_statuses": statuses(srv),
             "worker_restarts": srv.metric("qtrel_worker_restarts_total"),
             "batches_retried": srv.metric("qtrel_batches_retried_total"),
@@ -215,7 +211,7 @@ async def soak(a) -> dict:
             while time.monotonic() - t0 < a.seconds:
                 await asyncio.sleep(a.sample_every)
                 now = time.monotonic()
-                pids = await asyncio.to_thread(worker_pids, srv)
+                pids = await asyncio.to_thread(victims, srv, "models")
                 win = summary(log.window(last, now), now - last)
                 samples.append(
                     {
@@ -265,6 +261,8 @@ async def soak(a) -> dict:
 
 
 def add_arguments(p) -> None:
+    p.add_argument("--http-workers", default="", help="every scenario: the server's front processes (default auto)")
+    p.add_argument("--kill", choices=["models", "fronts"], default="models", help="killstorm: whose processes")
     p.add_argument("--every", type=float, default=3.0, help="killstorm: seconds between kills")
     p.add_argument("--storm", type=float, default=30.0, help="killstorm: seconds of kills")
     p.add_argument("--before", type=float, default=10.0, help="killstorm: seconds of load before the storm")
@@ -281,7 +279,8 @@ async def goodput(a) -> dict:
     busy and few enough that nothing is refused. Then 4x as many, each retrying 50 ms after a 429 (harsher
     than following Retry-After): the pairs actually served against capacity, the accepted requests' p99,
     and what a 429 cost."""
-    # The cache off: the clients resend 32 bodies, and goodput is the model's, not the cache's.
+    # The cache off and distinct titles in every request: goodput is the model's, not the cache's or single
+    # flight's (a resent body in flight twice is computed once).
     srv = Server(
         a.model,
         "--max-queue-pairs",
@@ -295,7 +294,9 @@ async def goodput(a) -> dict:
     try:
         srv.wait_ready()
         rng = random.Random(6)
-        bodies = [json.dumps({"query": title(rng), "titles": [title(rng) for _ in range(50)]}) for _ in range(32)]
+
+        def fresh() -> str:
+            return json.dumps({"query": title(rng), "titles": [title(rng) for _ in range(50)]})
 
         async def phase(clients: int, seconds: float) -> tuple[dict, list[float]]:
             log, refused = Log(), []
@@ -305,7 +306,7 @@ async def goodput(a) -> dict:
                 while time.monotonic() < stop:
                     t0 = time.perf_counter()
                     async with s.post(
-                        srv.url + "/score", data=rng.choice(bodies), headers={"content-type": "application/json"}
+                        srv.url + "/score", data=fresh(), headers={"content-type": "application/json"}
                     ) as r:
                         await r.read()
                     dt = time.perf_counter() - t0
@@ -327,7 +328,7 @@ async def goodput(a) -> dict:
                 t0 = time.perf_counter()
                 try:
                     async with s.post(
-                        srv.url + "/score", data=rng.choice(bodies), headers={"content-type": "application/json"}
+                        srv.url + "/score", data=fresh(), headers={"content-type": "application/json"}
                     ) as r:
                         await r.read()
                     status: int | str = r.status
@@ -378,6 +379,7 @@ async def goodput(a) -> dict:
             "goodput_share_of_capacity": round(over["pairs_per_s"] / cap["pairs_per_s"], 3),
             "refusal_p50_ms": pct(refused, 0.5),
             "refusal_p99_ms": pct(refused, 0.99),
+            "folded_pairs": srv.metric("qtrel_duplicates_folded_total"),  # ~0: every pair distinct
         }
     finally:
         srv.stop()

@@ -11,6 +11,9 @@ built-in model (or --model), runs for seconds, prints one JSON line of counts an
   python bench/stress.py soak --seconds 1800      # bench/storm.py: 30 minutes of mixed traffic
   python bench/stress.py reload --reloads 10      # bench/reload.py: two models, swapped 10 times under load
   python bench/stress.py shadow --seconds 30      # bench/reload.py: live latency without and with a shadow
+
+Every scenario takes --http-workers N (the server's front processes) and --repeat K (K runs, a new server
+each), e.g. `sigterm --repeat 5 --http-workers 2`; `killstorm --kill fronts` SIGKILLs front processes.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import argparse
 import asyncio
 import atexit
 import json
+import os
 import random
 import shutil
 import signal
@@ -359,18 +363,22 @@ def main() -> None:
     p.add_argument("--examples", type=int, default=100)
     p.add_argument("--timeout", type=float, default=300)
     p.add_argument("--out", default="/tmp/qtrel-stress.json")
+    p.add_argument("--repeat", type=int, default=1, help="the scenario this many times, a new server each")
     p.add_argument("--quick", action="store_true", help="smoke run: a tiny checkpoint, seconds-long phases")
     add_arguments(p)
     add_reload_arguments(p)
     a = p.parse_args()
     if a.quick:
         quick(a)
-    if a.scenario == "fuzz":
-        res = fuzz(a)
-    else:
-        scenarios = {"overload": overload, "sigterm": sigterm, "slow": slow}
-        scenarios |= {"killstorm": killstorm, "soak": soak, "goodput": goodput, "reload": reload, "shadow": shadow}
-        res = asyncio.run(scenarios[a.scenario](a))
+    if a.http_workers:  # every server the scenario starts (harness.live.Server) inherits it
+        os.environ["QTREL_HTTP_WORKERS"] = a.http_workers
+    scenarios = {"overload": overload, "sigterm": sigterm, "slow": slow}
+    scenarios |= {"killstorm": killstorm, "soak": soak, "goodput": goodput, "reload": reload, "shadow": shadow}
+    runs = [fuzz(a) if a.scenario == "fuzz" else asyncio.run(scenarios[a.scenario](a)) for _ in range(a.repeat)]
+    res = runs[0] if a.repeat == 1 else {"scenario": a.scenario, "runs": runs}
+    res |= {"http_workers": a.http_workers or "auto", "repeat": a.repeat}
+    if a.repeat > 1 and all("lost" in r for r in runs):
+        res["lost"] = sum(r["lost"] for r in runs)
     res["command"] = res.get("command") or "python bench/stress.py " + " ".join(sys.argv[1:])
     print(json.dumps({k: v for k, v in res.items() if k != "summary"}))
     if "summary" in res:

@@ -67,7 +67,13 @@ async def run_core(settings: Settings, count: int, why: str) -> str | None:
             fronts.check()
             await asyncio.sleep(STATE_EVERY_S)
 
+    async def collect() -> None:  # the fronts' metric samples every second: a killed front loses at most that
+        while True:
+            await core.collect_fronts()
+            await asyncio.sleep(1.0)
+
     supervising = asyncio.ensure_future(supervise())
+    collecting = asyncio.ensure_future(collect())
     starting = asyncio.ensure_future(engine.start())
     stopping = asyncio.ensure_future(stop.wait())
     fatal: str | None = None
@@ -80,6 +86,7 @@ async def run_core(settings: Settings, count: int, why: str) -> str | None:
                 quiet_gc()  # the models' objects too: the GC's scans of them were ~1/4 of the core's CPU
             await stopping  # serve until SIGTERM
         supervising.cancel()
+        collecting.cancel()
         core.draining = True
         core.push()  # the fronts' readiness goes off before they are told to stop
         if runner is not None:
@@ -93,6 +100,7 @@ async def run_core(settings: Settings, count: int, why: str) -> str | None:
             await asyncio.wait(running, timeout=settings.drain_timeout_s)
     finally:
         supervising.cancel()
+        collecting.cancel()
         starting.cancel()
         stopping.cancel()
         await core.stop()

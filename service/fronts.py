@@ -36,6 +36,7 @@ log = logging.getLogger("qtrel.fronts")
 # lose, and one that keeps dying is a bug, not a kill storm.
 FRONT_POLICY = RestartPolicy(window_s=60.0, free=4, max_backoff_s=10.0, crash_loop=6)
 BACKLOG = 2048
+QTREL_ROOT = os.path.dirname(os.path.dirname(os.path.realpath(__file__)))  # the folder holding `service`
 
 
 def listening_socket(host: str, port: int, reuseport: bool) -> socket.socket:
@@ -85,6 +86,10 @@ class Fronts:
 
     def _spawn(self, i: int) -> None:
         env = {**os.environ, "QTREL_CORE_SOCKET": self.core_path, "QTREL_FRONT_INDEX": str(i)}
+        # `python -m` puts the working directory first on the path: a user's own `service` or `model`
+        # package there would shadow qtrel's (as for the model processes' fork server), unless it is qtrel's
+        if os.path.realpath(os.getcwd()) != QTREL_ROOT:
+            env.setdefault("PYTHONSAFEPATH", "1")
         env.pop("QTREL_API_KEYS", None)
         env.pop("QTREL_ADMIN_KEYS", None)
         fds: tuple[int, ...] = ()

@@ -16,6 +16,15 @@ SHARED = ROOT.parent / "shared"
 DATA = Path(os.environ.get("QTREL_TEST_DATA") or SHARED / "data")
 HOMEDEPOT = DATA / "homedepot"
 QBQTC = DATA / "qbqtc"
+# QTREL_TEST_HTTP_WORKERS=2 runs every live `qtrel serve` of the e2e and deploy tests with two front
+# processes (unset: the server's own default, `auto`); tests that choose a count pass it to fronts_env.
+TEST_HTTP_WORKERS = os.environ.get("QTREL_TEST_HTTP_WORKERS", "")
+
+
+def fronts_env(count: int | None = None) -> dict[str, str]:
+    """QTREL_HTTP_WORKERS for a `qtrel serve` child: `count`, else QTREL_TEST_HTTP_WORKERS, else nothing."""
+    chosen = str(count) if count is not None else TEST_HTTP_WORKERS
+    return {"QTREL_HTTP_WORKERS": chosen} if chosen else {}
 
 
 def shared_data(source: str, name: str | None = None) -> Path:

@@ -34,7 +34,7 @@ from typing import Any
 
 from model.tokenizer import EncodedPairs
 from service.logs import request_id
-from service.metrics_merge import merge, samples
+from service.metrics_merge import FrontSamples, merge, samples
 from service.runtime.encoded import Encoded
 from service.runtime.engine import Engine
 from service.runtime.scoring import SLOW, Pending
@@ -131,6 +131,7 @@ class Link:
             if not f.done():
                 f.cancel()
         self.core.links.discard(self)
+        self.core.front_samples.left(self)  # its counters stay in /metrics: they never go backwards
 
     async def collect(self, cid: int) -> list:
         f = asyncio.get_running_loop().create_future()
@@ -156,6 +157,7 @@ class CoreServer:
         self._pusher: asyncio.Task | None = None
         self._last: dict | None = None
         self._ids = 0
+        self.front_samples = FrontSamples()
         # SIGTERM: the fronts' probes say not ready while the requests they hold still reach the engine
         self.draining = False
 
@@ -243,8 +245,15 @@ class CoreServer:
     async def metrics_text(self) -> bytes:
         """/metrics for the whole server: the core's samples and every front's, merged (counters and
         histograms summed; each gauge is set by one process only, so its sum is its value)."""
-        parts = [samples(self.engine.metrics.registry)]
+        await self.collect_fronts()
+        return merge([samples(self.engine.metrics.registry), *self.front_samples.parts()])
+
+    async def collect_fronts(self) -> None:
+        """Every front's samples, kept (service.metrics_merge.FrontSamples); also every second, so that a
+        front killed loses at most its last second of counts."""
         self._ids += 1
-        found = await asyncio.gather(*(link.collect(self._ids) for link in list(self.links)), return_exceptions=True)
-        parts += [p for p in found if isinstance(p, list)]
-        return merge(parts)
+        links = list(self.links)
+        found = await asyncio.gather(*(link.collect(self._ids) for link in links), return_exceptions=True)
+        for link, part in zip(links, found, strict=True):
+            if isinstance(part, list) and link in self.links:  # else its last samples count (FrontSamples)
+                self.front_samples.seen(link, part)

@@ -177,7 +177,8 @@ class RemoteEngine(TextSide):
 
     def require_ready(self, model: str | None = None) -> None:
         ok, why = self.readiness()
-        if not ok and not why.startswith(("reloading", "draining")):  # a request held while draining is served
+        # as the engine's rule: a request held while draining is served, one meeting a restart waits for it
+        if not ok and not why.startswith(("reloading", "draining", "restarting")):
             raise NotReady(why)
         self._model_state(model)
 

@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import fronts_env
+
 VENV_BIN = Path(sys.executable).parent
 
 
@@ -64,6 +66,7 @@ class QtrelProcess:
                 "QTREL_PORT": str(self.port),
                 "QTREL_THREADS": "1",
                 "QTREL_LOG_JSON": "false",
+                **fronts_env(),
             }
         )
         env.update({f"QTREL_{k.upper()}": str(v) for k, v in settings.items()})

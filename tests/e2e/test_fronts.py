@@ -152,8 +152,26 @@ def test_reload_by_the_admin_route_moves_every_front_to_the_new_generation(serve
     assert server.metric('qtrel_model_reloads_total{model="b",result="ok"}') >= 1
 
 
-def test_a_killed_front_is_replaced_while_the_other_serves(server):
+def cumulative(server: Server) -> dict[str, float]:
+    """Every counter and histogram series of the merged /metrics, by series."""
+    lines = server.get("/metrics").text.splitlines()
+    kinds = {line.split()[2]: line.split()[3] for line in lines if line.startswith("# TYPE ")}
+    out = {}
+    for line in lines:
+        if line and not line.startswith("#"):
+            series, value = line.rsplit(" ", 1)
+            base = series.partition("{")[0]
+            family = base if base in kinds else base.rpartition("_")[0]  # x_bucket, x_count, x_sum: x
+            if kinds.get(family) in ("counter", "histogram"):
+                out[series] = float(value)
+    return out
+
+
+def test_a_killed_front_is_replaced_while_the_other_serves_and_no_counter_goes_back(server):
+    for _ in range(12):  # a new connection each: both fronts count some
+        assert server.post("/score", BODY).status_code == 200
     before = server.fronts()
+    last = cumulative(server)  # collected from both fronts
     os.kill(before["pids"][0], signal.SIGKILL)
     deadline = time.monotonic() + 60
     served = 0
@@ -162,6 +180,9 @@ def test_a_killed_front_is_replaced_while_the_other_serves(server):
             served += server.post("/score", BODY).status_code == 200
         except httpx.TransportError:
             pass  # a connection the dead front had accepted
+        now = cumulative(server)
+        assert not [s for s, v in last.items() if now.get(s, 0.0) < v], "a merged counter went backwards"
+        last = now
         f = server.fronts()
         if f["restarts"] > before["restarts"] and len(f["pids"]) == 2 and served >= 5:
             break

@@ -15,6 +15,7 @@ import time
 import httpx
 import pytest
 
+from tests.conftest import fronts_env
 from tests.e2e.test_sigterm import wait_ready
 from tests.service.conftest import free_port
 from tests.service.http.test_jobs import make_pairs, qtrel_score, write_input
@@ -28,7 +29,8 @@ def serve(model_dir, port, jobs_dir, log, fronts=1):
     cmd += ["--port", str(port), "--dtype", "float32", "--inference", "torch", "--jobs-dir", str(jobs_dir)]
     cmd += ["--job-min-free-bytes", "0", "--http-workers", str(fronts)]
     out = open(log, "w")  # noqa: SIM115 (the child holds it)
-    return subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    env = {**os.environ, **fronts_env()}
+    return subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
 
 
 def kill_group(proc) -> None:

@@ -11,7 +11,7 @@ import time
 
 import httpx
 
-from tests.conftest import make_tiny_checkpoint
+from tests.conftest import fronts_env, make_tiny_checkpoint
 from tests.e2e.test_sigterm import wait_ready
 from tests.e2e.test_start_and_signals import model_pids
 from tests.service.conftest import free_port
@@ -29,7 +29,8 @@ def test_sighup_reloads_every_model_in_new_processes(tiny_checkpoint, tmp_path):
     # torch pinned: a reload probes `auto` again, and the other engine's scores differ in the last bits
     cmd += ["--host", "127.0.0.1", "--port", str(port), "--no-warmup", "--inference", "torch"]
     with open(tmp_path / "server.log", "w") as log:
-        proc = subprocess.Popen(cmd, env={**os.environ, "QTREL_LOG_JSON": "true"}, stdout=log, stderr=subprocess.STDOUT)
+        env = {**os.environ, **fronts_env(), "QTREL_LOG_JSON": "true"}
+        proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)
     try:
         wait_ready(url, proc, timeout=120)
         assert generations(url) == {"a": 1, "b": 1}

@@ -11,14 +11,15 @@ import time
 
 import httpx
 
-from tests.conftest import read_pairs
+from tests.conftest import fronts_env, read_pairs
 from tests.service.conftest import free_port
 
 
-def start_server(model_dir, port, *extra, log=None):
+def start_server(model_dir, port, *extra, log=None, fronts: int | None = None):
     """`qtrel serve` as a child process. Its output goes to a pipe (read by `wait_ready` or the caller), or,
-    for a long or chatty run, to the file `log`: a pipe nobody drains fills up and stalls the server."""
-    env = {**os.environ, "QTREL_LOG_JSON": "true"}
+    for a long or chatty run, to the file `log`: a pipe nobody drains fills up and stalls the server.
+    `fronts`: its HTTP front processes (else QTREL_TEST_HTTP_WORKERS, tests/conftest.py)."""
+    env = {**os.environ, **fronts_env(fronts), "QTREL_LOG_JSON": "true"}
     cmd = [
         sys.executable,
         "-m",

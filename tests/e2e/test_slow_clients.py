@@ -5,10 +5,40 @@ from __future__ import annotations
 
 import asyncio
 import time
+from contextlib import contextmanager
 
 import httpx
+import pytest
 
-from tests.service.conftest import live_server
+from tests.e2e.test_sigterm import start_server, wait_ready
+from tests.service.conftest import free_port, live_server
+
+
+class Served:
+    """`qtrel serve` as a process, with the in-process server's url and metric()."""
+
+    def __init__(self, url: str):
+        self.url = url
+
+    def metric(self, name: str) -> float:
+        lines = httpx.get(self.url + "/metrics", timeout=30).text.splitlines()
+        return sum(float(x.rsplit(" ", 1)[1]) for x in lines if x.startswith((name + " ", name + "{")))
+
+
+@contextmanager
+def server(model_dir, fronts: int | None, log):
+    if fronts is None:  # in process: the one-process layout
+        with live_server(model_dir, max_wait_ms=5, replicas=1) as srv:
+            yield srv
+        return
+    port = free_port()
+    proc = start_server(model_dir, port, "--max-wait-ms", "5", "--replicas", "1", log=log, fronts=fronts)
+    try:
+        wait_ready(f"http://127.0.0.1:{port}", proc, timeout=120)
+        yield Served(f"http://127.0.0.1:{port}")
+    finally:
+        proc.terminate()
+        proc.wait(90)
 
 
 async def _slow_body(port: int, writers: list) -> None:
@@ -18,8 +48,9 @@ async def _slow_body(port: int, writers: list) -> None:
     await w.drain()
 
 
-def test_slow_bodies_do_not_hold_up_others_and_vanished_work_leaves_the_queue(tiny_checkpoint):
-    with live_server(tiny_checkpoint, max_wait_ms=5, replicas=1) as srv:
+@pytest.mark.parametrize("fronts", [None, 2], ids=["default", "2fronts"])
+def test_slow_bodies_do_not_hold_up_others_and_vanished_work_leaves_the_queue(tiny_checkpoint, tmp_path, fronts):
+    with server(tiny_checkpoint, fronts, tmp_path / "server.log") as srv:
         port = int(srv.url.rsplit(":", 1)[1])
 
         async def main():

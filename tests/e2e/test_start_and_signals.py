@@ -15,7 +15,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.conftest import read_pairs
+from tests.conftest import fronts_env, read_pairs
 from tests.e2e.test_sigterm import start_server, wait_ready
 from tests.service.conftest import free_port
 
@@ -35,6 +35,10 @@ def _processes() -> dict[int, tuple[int, str]]:
         ppid = int(stat.rsplit(")", 1)[1].split()[1])  # after "(comm)": state, then ppid
         out[int(d.name)] = (ppid, cmdline)
     return out
+
+
+# a test that runs with the server's default layout and with two front processes (tests/conftest.py)
+FRONTS = pytest.mark.parametrize("fronts", [None, 2], ids=["default", "2fronts"])
 
 
 def fork_servers(server_pid: int, procs: dict[int, tuple[int, str]] | None = None) -> set[int]:
@@ -73,12 +77,12 @@ def test_a_checkpoint_that_cannot_load_ends_serve_with_its_reason(tiny_checkpoin
         assert "model failed to load" in last and "cannot read weights" in last, last
 
 
-def test_sighup_under_load_drops_nothing_and_the_server_serves_on(tiny_checkpoint, tmp_path):
+@FRONTS
+def test_sighup_under_load_drops_nothing_and_the_server_serves_on(tiny_checkpoint, tmp_path, fronts):
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    proc = start_server(
-        tiny_checkpoint, port, "--max-batch-size", "2", "--request-timeout-ms", "120000", log=tmp_path / "server.log"
-    )
+    extra = ("--max-batch-size", "2", "--request-timeout-ms", "120000")
+    proc = start_server(tiny_checkpoint, port, *extra, log=tmp_path / "server.log", fronts=fronts)
     try:
         wait_ready(url, proc)
         titles = [t for _, t in read_pairs(10)]
@@ -104,7 +108,8 @@ def test_sighup_under_load_drops_nothing_and_the_server_serves_on(tiny_checkpoin
         proc.wait(90)
 
 
-def test_a_kill_storm_fails_no_request_and_the_server_recovers(tiny_checkpoint, tmp_path):
+@FRONTS
+def test_a_kill_storm_fails_no_request_and_the_server_recovers(tiny_checkpoint, tmp_path, fronts):
     """Two model processes; under 8 clients, SIGKILL a random live model process every 0.4 s for 8 s
     (so that some kills land on a replacement still loading or warming up), and once the fork server
     they are forked from. No request fails, and within seconds of the storm both processes
@@ -121,6 +126,7 @@ def test_a_kill_storm_fails_no_request_and_the_server_recovers(tiny_checkpoint, 
         "--drain-timeout-s",
         "5",
         log=tmp_path / "server.log",  # hundreds of request lines: a pipe would fill and stall the server
+        fronts=fronts,
     )
     try:
         wait_ready(url, proc)
@@ -202,17 +208,20 @@ def test_sighup_rereads_the_key_file_at_once(tiny_checkpoint, tmp_path):
         proc.wait(90)
 
 
-def test_the_http_process_never_loads_torch(tiny_checkpoint, tmp_path):
+@FRONTS
+def test_the_http_process_never_loads_torch(tiny_checkpoint, tmp_path, fronts):
     """In process mode the model lives in the model processes: the server process plans the layout,
-    tokenises and serves HTTP without torch (about 250 MB of RSS it does not need)."""
+    tokenises and serves HTTP without torch (about 250 MB of RSS it does not need), and so do its fronts."""
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    proc = start_server(tiny_checkpoint, port, "--device", "auto", log=tmp_path / "server.log")
+    proc = start_server(tiny_checkpoint, port, "--device", "auto", log=tmp_path / "server.log", fronts=fronts)
     try:
         wait_ready(url, proc)
         assert httpx.post(url + "/score", json={"query": "drill", "titles": ["a drill"]}, timeout=30).status_code == 200
-        maps = open(f"/proc/{proc.pid}/maps").read()
-        assert "libtorch" not in maps
+        front_pids = httpx.get(url + "/info", timeout=30).json()["fronts"].get("pids", [])
+        assert fronts is None or len(front_pids) == fronts
+        for pid in (proc.pid, *front_pids):
+            assert "libtorch" not in open(f"/proc/{pid}/maps").read()
         assert any("libtorch" in open(f"/proc/{pid}/maps").read() for pid in model_pids(proc.pid))
     finally:
         proc.terminate()
@@ -229,7 +238,7 @@ def test_serve_from_a_directory_with_model_and_service_folders_of_its_own(tiny_c
         (tmp_path / name).mkdir()
         (tmp_path / name / "__init__.py").write_text(f'raise SystemExit("the ./{name} folder was imported")\n')
     port = free_port()
-    env = {**os.environ, "QTREL_LOG_JSON": "true"}
+    env = {**os.environ, **fronts_env(2), "QTREL_LOG_JSON": "true"}  # two fronts: each is a `python -m` too
     env.pop("PYTHONSAFEPATH", None)
     cmd = [str(qtrel), "serve", "--model", str(tiny_checkpoint), "--host", "127.0.0.1", "--port", str(port)]
     proc = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)

@@ -9,7 +9,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from pydantic import ValidationError
 
 from service.fronts import settings_for_front
-from service.metrics_merge import merge, samples
+from service.metrics_merge import FrontSamples, merge, samples
 from service.runtime import layout
 from service.settings import Settings
 
@@ -60,3 +60,17 @@ def test_metrics_merge_sums_counters_and_histograms_and_keeps_the_one_gauge():
     assert "qtrel_seconds_count 3.0" in text and 'qtrel_seconds_bucket{le="+Inf"} 3.0' in text
     assert "qtrel_queue_depth 7.0" in text
     assert text.count("# TYPE qtrel_requests_total counter") == 1
+
+
+def test_a_gone_front_keeps_its_counters_and_histograms_but_not_its_gauges():
+    kept = FrontSamples()
+    old, other = samples(_registry(2, [0.005], 4)), samples(_registry(3, [0.05], None))
+    kept.seen("old", old)
+    kept.seen("other", other)
+    kept.left("old")
+    kept.seen("new", samples(_registry(1, [], None)))  # its replacement starts from zero
+    text = merge(kept.parts()).decode()
+    assert 'qtrel_requests_total{route="/score"} 6.0' in text and "qtrel_seconds_count 2.0" in text
+    assert "qtrel_queue_depth 0.0" in text  # the live fronts' gauges only
+    kept.left("old")  # twice: counted once
+    assert 'qtrel_requests_total{route="/score"} 6.0' in merge(kept.parts()).decode()

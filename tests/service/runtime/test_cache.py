@@ -13,6 +13,7 @@ import pytest
 
 from service.runtime.cache import Cached, ScoreCache, make_key
 from service.runtime.engine import DeadlineExceeded, Engine, InputTooLong
+from service.runtime.flight import Flight, Flights
 from service.runtime.worker_api import PairOutput
 from tests.conftest import read_pairs
 from tests.service.runtime.test_engine import make_engine, served
@@ -212,3 +213,19 @@ def test_pairs_past_their_deadline_leave_the_flight_table(tiny_checkpoint):
         assert len(out.outputs) == 1 and forwarded(e) == 1
 
     served(make_engine(tiny_checkpoint, cache_mb=0, max_wait_ms=300), body)
+
+
+def test_a_request_whose_flights_are_partly_done_waits_for_the_rest():
+    """A request joining one pair that has landed and one still queued (the same titles sent at once): the
+    queued one's exception was asked for before it had one (InvalidStateError: a 500 under SIGHUP)."""
+
+    async def main() -> bool:
+        loop = asyncio.get_running_loop()
+        landed, queued = loop.create_future(), loop.create_future()
+        landed.set_result(1)
+        loop.call_later(0.01, queued.set_result, 2)
+        flights = {k: Flight(f, None, 1, False, float("inf")) for k, f in (("a", landed), ("b", queued))}
+        await Flights(lambda k, f: None).wait(flights, float("inf"), lambda k, f: f)
+        return queued.done()
+
+    assert asyncio.run(main())
