@@ -129,7 +129,7 @@ def miss_path_us(trace: Trace) -> float:
     and the store of the forward's result (packed, LRU bookkeeping), microseconds per pair."""
     sys.path.insert(0, str(ROOT))
     from service.runtime.cache import Cached, ScoreCache, make_key
-    from service.runtime.worker_api import PairOutput
+    from service.runtime.workers.worker_api import PairOutput
 
     pairs = [(q, t) for q, ts in trace for t in ts]
     out = Cached(PairOutput([0.1] * 5, [0.2] * 5, 2, 3.1), 24, False)

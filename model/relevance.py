@@ -219,7 +219,7 @@ class RelevanceModel:
         float32/bfloat16), or "auto": both timed on two realistic batches (about a second on the default
         model), OpenVINO kept only where it is clearly faster (`openvino.MARGIN`). Where OpenVINO
         is missing or fails to convert or compile, torch, with the reason in `describe()`. Compiling starts
-        OpenVINO's thread pools: never call this in a process that forks (service.runtime.template). Head
+        OpenVINO's thread pools: never call this in a process that forks (service.runtime.workers.template). Head
         masks always run on torch."""
         vocab = min(self.tokenizer.vocab_size, self.cfg.vocab_size)
         self.engine, self.inference_choice = openvino.choose(

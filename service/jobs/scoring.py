@@ -21,7 +21,7 @@ from model.tokenizer import EncodedPairs
 from service.jobs.api import Job
 from service.runtime.engine import Closed, DeadlineExceeded, Engine, NotReady, Overloaded
 from service.runtime.whole import backlog, forward_whole
-from service.runtime.worker import ModelInfo, PairOutput
+from service.runtime.workers.worker import ModelInfo, PairOutput
 
 PACE_S = 0.002  # how often a job looks again for room beside live traffic
 RETRY_S = 0.5  # after the model was not ready (a reload, a restart)

@@ -17,7 +17,7 @@ import sys
 from collections import OrderedDict
 from dataclasses import dataclass
 
-from service.runtime.worker_api import PairOutput
+from service.runtime.workers.worker_api import PairOutput
 
 # What an entry costs beyond its texts and packed value, measured with tracemalloc on 100k entries (201
 # bytes; tests/service/runtime/test_cache.py holds the charge to the traced memory): the key tuple (7

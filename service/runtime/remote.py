@@ -19,14 +19,14 @@ from model.tokenizer import PairTokenizer
 from service.logs import request_id
 from service.metrics import Metrics
 from service.metrics_merge import samples
-from service.runtime.backend import BackendError, NotReady
 from service.runtime.batcher import Closed, DeadlineExceeded, Overloaded
 from service.runtime.encoded import Stale
 from service.runtime.models import ModelNotFound, ReloadBusy, ReloadFailed
 from service.runtime.results import InferenceFailed, InputTooLong, Scored
 from service.runtime.texts import TextSide
 from service.runtime.wire import Channel, error_classes, load_error
-from service.runtime.worker_api import ModelInfo, PairOutput
+from service.runtime.workers.backend import BackendError, NotReady
+from service.runtime.workers.worker_api import ModelInfo, PairOutput
 from service.settings import Settings
 from service.tracing import Tracing
 

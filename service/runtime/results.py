@@ -7,8 +7,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from model.tokenizer import EncodedPairs, PairCut
-from service.runtime.backend import BackendError
-from service.runtime.worker_api import PairOutput
+from service.runtime.workers.backend import BackendError
+from service.runtime.workers.worker_api import PairOutput
 
 
 @dataclass

@@ -7,7 +7,7 @@ from __future__ import annotations
 import time
 
 from service.runtime.engine import Engine, InferenceFailed
-from service.runtime.worker_api import PairOutput
+from service.runtime.workers.worker_api import PairOutput
 
 
 def backlog(engine: Engine, model: str | None = None) -> tuple[int, int]:

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from model.windows import Window, best
-from service.runtime.worker_api import PairOutput
+from service.runtime.workers.worker_api import PairOutput
 
 
 @dataclass(frozen=True, slots=True)

@@ -384,7 +384,7 @@ def test_health_info_metrics(server):
 def test_readiness_before_warmup_and_during_drain(tiny_checkpoint, monkeypatch):
     import threading
 
-    from service.runtime import runner
+    from service.runtime.workers import runner
 
     gate = threading.Event()
     original = runner.load_model

@@ -13,7 +13,7 @@ import pytest
 
 from service.runtime.cache import Cached, ScoreCache, make_key
 from service.runtime.engine import DeadlineExceeded, Engine, InputTooLong
-from service.runtime.worker_api import PairOutput
+from service.runtime.workers.worker_api import PairOutput
 from tests.conftest import read_pairs
 from tests.service.runtime.test_engine import make_engine, served
 

@@ -11,8 +11,8 @@ from model.relevance import RelevanceModel
 from service.app import build_engine
 from service.http.schemas import Info
 from service.metrics import Metrics
-from service.runtime.backend import State
 from service.runtime.engine import INLINE_PAIRS, Engine, InputTooLong, NotReady, Overloaded
+from service.runtime.workers.backend import State
 from service.settings import Settings
 from tests.conftest import read_pairs
 

@@ -1,12 +1,12 @@
 """The process backend: the model lives in a child process, fed over a pipe.
 
 The child is forked by multiprocessing's fork server, a single-threaded process that holds torch and the
-served model loaded and warmed up (`service.runtime.template`), so that the model processes share those
+served model loaded and warmed up (`service.runtime.workers.template`), so that the model processes share those
 pages; it is never forked from the server, which runs threads. Where there is no fork server (not Linux),
 and for cuda, the child is spawned and loads its own model.
 
 The server's event loop, its tokeniser thread and the forward pass then never take turns on one GIL
-(docs/design.md). Typed messages (`service.runtime.backend`) cross the pipe: token ids in, scores out, a few KB.
+(docs/design.md). Typed messages (`service.runtime.workers.backend`) cross the pipe: token ids in, scores out, a few KB.
 
 What the process holds is explicit: `in_flight()` says which job it has had since when, so that a
 watchdog can `kill` a process stuck in one (SIGKILL works on a stopped process too). A job whose
@@ -27,7 +27,8 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from service.runtime.backend import (
+from service.runtime.layout import quiet_gc, release_free_memory
+from service.runtime.workers.backend import (
     TEMPLATE_ENV,
     Backend,
     BatchScores,
@@ -47,9 +48,8 @@ from service.runtime.backend import (
     WarmUp,
     raise_for,
 )
-from service.runtime.layout import quiet_gc, release_free_memory
 
-TEMPLATE_MODULE = "service.runtime.template"  # imported by the fork server, never by this process
+TEMPLATE_MODULE = "service.runtime.workers.template"  # imported by the fork server, never by this process
 _start_lock = threading.Lock()  # the fork server's environment is os.environ while it starts
 
 log = logging.getLogger("qtrel.worker")
@@ -64,7 +64,7 @@ def child_main(conn, spec: LoadSpec) -> None:
     process goes away. Lifecycle signals are the server's to handle (it drains, or reloads, first)."""
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):  # a terminal's hang-up reaches the group too
         signal.signal(sig, signal.SIG_IGN)
-    from service.runtime import runner, template  # torch and the model: here, never in the server process
+    from service.runtime.workers import runner, template  # torch and the model: here, never in the server process
 
     try:
         base = template.take(spec)

@@ -1,5 +1,5 @@
-"""Named jobs for the worker tests: a spec lists them as ("name", "tests.service.runtime.jobs:function"), so that
-a model process imports them by name (a job never travels as a pickled callable)."""
+"""Named jobs for the worker tests: a spec lists them as ("name", "tests.service.runtime.workers.jobs:function"),
+so that a model process imports them by name (a job never travels as a pickled callable)."""
 
 from __future__ import annotations
 
@@ -7,10 +7,10 @@ import os
 import time
 
 TEST_JOBS = (
-    ("labels_of", "tests.service.runtime.jobs:labels_of"),
-    ("raise_value_error", "tests.service.runtime.jobs:raise_value_error"),
-    ("sleep_on_model", "tests.service.runtime.jobs:sleep_on_model"),
-    ("inference_of", "tests.service.runtime.jobs:inference_of"),
+    ("labels_of", "tests.service.runtime.workers.jobs:labels_of"),
+    ("raise_value_error", "tests.service.runtime.workers.jobs:raise_value_error"),
+    ("sleep_on_model", "tests.service.runtime.workers.jobs:sleep_on_model"),
+    ("inference_of", "tests.service.runtime.workers.jobs:inference_of"),
 )
 
 
@@ -39,7 +39,7 @@ def template_state(model):
     """Whether this model process serves the fork server's template model, and its torch threads."""
     import torch
 
-    from service.runtime import template
+    from service.runtime.workers import template
 
     t = template.TEMPLATE
     used = t is not None and t.model is model

@@ -10,8 +10,18 @@ from collections.abc import Sequence
 from typing import Any
 
 from model.relevance import RelevanceModel
-from service.runtime import runner
-from service.runtime.backend import Backend, BatchScores, Encoded, Forward, Health, Job, LoadFailed, LoadSpec, raise_for
+from service.runtime.workers import runner
+from service.runtime.workers.backend import (
+    Backend,
+    BatchScores,
+    Encoded,
+    Forward,
+    Health,
+    Job,
+    LoadFailed,
+    LoadSpec,
+    raise_for,
+)
 
 
 class ThreadBackend(Backend):

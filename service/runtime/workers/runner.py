@@ -16,7 +16,7 @@ import torch
 
 from model.device import resolve_device
 from model.relevance import RelevanceModel
-from service.runtime.backend import BatchScores, Encoded, Error, Forward, Job, LoadSpec, Reply, Result
+from service.runtime.workers.backend import BatchScores, Encoded, Error, Forward, Job, LoadSpec, Reply, Result
 
 log = logging.getLogger("qtrel.worker")
 

@@ -3,9 +3,9 @@ pipe, the errors it can raise, and the one state machine of a model instance and
 
 A backend is one model instance driven by one thread of the server (its replica's), as TEI's backend
 trait: `load`, `warm_up`, `forward` a batch, run a named extra `job` (e.g. "explain"), report `health`.
-Two implementations keep that contract: `service.runtime.backend_thread` (the model on the calling thread) and
-`service.runtime.backend_process` (the model in a child process, typed messages over a pipe). Extra jobs are
-names looked up on the model's side (`service.runtime.runner.JOBS`), never pickled callables.
+Two implementations keep that contract: `service.runtime.workers.backend_thread` (the model on the calling thread) and
+`service.runtime.workers.backend_process` (the model in a child process, typed messages over a pipe). Extra jobs are
+names looked up on the model's side (`service.runtime.workers.runner.JOBS`), never pickled callables.
 
 The errors say what failed: `ModelError` is an exception the model raised for this job (the process
 lives on), `ProcessDied` means the model process went away while it held the job (it died, or the

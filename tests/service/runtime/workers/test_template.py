@@ -13,20 +13,20 @@ from pathlib import Path
 
 import pytest
 
-from service.runtime import backend_process, template
-from service.runtime.backend import LoadSpec
-from service.runtime.backend_process import start_context
-from tests.service.runtime.jobs import TEST_JOBS
+from service.runtime.workers import backend_process, template
+from service.runtime.workers.backend import LoadSpec
+from service.runtime.workers.backend_process import start_context
+from tests.service.runtime.workers.jobs import TEST_JOBS
 
-ROOT = Path(__file__).resolve().parents[3]
+ROOT = Path(__file__).resolve().parents[4]
 
 # In a fresh interpreter: the fork server is one per process, and its template is the first spec it serves.
 PROBE = r"""
 import json, os, sys
-from service.runtime.backend import LoadSpec
-from service.runtime.backend_process import ProcessBackend
-from service.runtime.runner import load_model, forward_batch
-from tests.service.runtime.jobs import TEST_JOBS
+from service.runtime.workers.backend import LoadSpec
+from service.runtime.workers.backend_process import ProcessBackend
+from service.runtime.workers.runner import load_model, forward_batch
+from tests.service.runtime.workers.jobs import TEST_JOBS
 
 def memory(pid):
     d = {}
@@ -37,7 +37,7 @@ def memory(pid):
     return {"rss": d["Rss"], "private": d["Private_Clean"] + d["Private_Dirty"]}
 
 if __name__ == "__main__":
-    jobs = TEST_JOBS + (("state", "tests.service.runtime.jobs:template_state"),)
+    jobs = TEST_JOBS + (("state", "tests.service.runtime.workers.jobs:template_state"),)
     spec = LoadSpec(sys.argv[1], threads=1, jobs=jobs, inference=sys.argv[2])
     backends = [ProcessBackend(spec) for _ in range(2)]
     batch = [([101, 2023, 2003, 102], [0, 0, 0, 0]), ([101, 7592, 102, 2088, 102], [0, 0, 0, 1, 1])]

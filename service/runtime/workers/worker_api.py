@@ -1,5 +1,5 @@
 """What the worker hands to its callers: scored pairs, the model's description, and the observer it
-reports faults and timings to (service.runtime.worker re-exports these)."""
+reports faults and timings to (service.runtime.workers.worker re-exports these)."""
 
 from __future__ import annotations
 

@@ -15,8 +15,8 @@ import torch
 
 from model.explain import explain_pair
 from model.relevance import RelevanceModel
-from service.runtime import runner
-from service.runtime.backend import (
+from service.runtime.workers import runner
+from service.runtime.workers.backend import (
     TRANSITIONS,
     BatchScores,
     Error,
@@ -33,9 +33,9 @@ from service.runtime.backend import (
     StateMachine,
     Stop,
 )
-from service.runtime.backend_process import ProcessBackend
-from service.runtime.backend_thread import ThreadBackend
-from tests.service.runtime.jobs import TEST_JOBS
+from service.runtime.workers.backend_process import ProcessBackend
+from service.runtime.workers.backend_thread import ThreadBackend
+from tests.service.runtime.workers.jobs import TEST_JOBS
 
 
 # --- the state machine --------------------------------------------------------------------------
@@ -103,7 +103,7 @@ def test_model_process_hands_memory_back_once_idle(tiny_checkpoint, monkeypatch)
     not again until one has run."""
     import multiprocessing as mp
 
-    from service.runtime import backend_process
+    from service.runtime.workers import backend_process
 
     trims: list[float] = []
     monkeypatch.setattr(backend_process, "release_free_memory", lambda: trims.append(time.monotonic()))

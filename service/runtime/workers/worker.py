@@ -1,6 +1,6 @@
 """The worker: the one owner of the model instances.
 
-It runs `replicas` backends (`service.runtime.backend`), each driven by one replica thread that takes the next
+It runs `replicas` backends (`service.runtime.workers.backend`), each driven by one replica thread that takes the next
 job from one shared queue when its model is free, so a model is never used by two callers at once. The
 event loop hands jobs over with `run` (a batch) and `job` (a named extra job, e.g. "explain") and only
 awaits. State lives in one place per part: each replica's `StateMachine`, and the worker's, which
@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from model.tokenizer import PairTokenizer
-from service.runtime.backend import (
+from service.runtime.workers.backend import (
     Backend,
     BackendError,
     Encoded,
@@ -43,9 +43,9 @@ from service.runtime.backend import (
     State,
     StateMachine,
 )
-from service.runtime.backend_process import ProcessBackend
-from service.runtime.replica import ENDING, Replica, RestartPolicy
-from service.runtime.worker_api import ModelInfo, NoObserver, PairOutput, WorkerObserver
+from service.runtime.workers.backend_process import ProcessBackend
+from service.runtime.workers.replica import ENDING, Replica, RestartPolicy
+from service.runtime.workers.worker_api import ModelInfo, NoObserver, PairOutput, WorkerObserver
 
 if TYPE_CHECKING:  # the model lives in the model processes: this process loads torch only in thread mode
     from model.relevance import RelevanceModel
@@ -92,7 +92,7 @@ class Worker:
 
         def make_backend(index: int) -> Backend:
             if mode == "thread":
-                from service.runtime.backend_thread import ThreadBackend
+                from service.runtime.workers.backend_thread import ThreadBackend
 
                 return ThreadBackend(spec)
             return ProcessBackend(self.spec_for(index), f"qtrel-model-{index}")
@@ -219,8 +219,8 @@ class Worker:
         return left + right
 
     async def job(self, name: str, *args: Any, **kwargs: Any) -> Any:
-        """The named job `name` (service.runtime.runner.JOBS, or the spec's jobs) run on a model between batches;
-        arguments and result must pickle."""
+        """The named job `name` (service.runtime.workers.runner.JOBS, or the spec's jobs) run on a model between
+        batches; arguments and result must pickle."""
         return await asyncio.wrap_future(self._submit(Job(name, args, kwargs)))
 
     # --- the replicas' callbacks and the watchdog ---------------------------------------------
