@@ -45,9 +45,7 @@ class Template:
 
 
 def decode(text: str) -> LoadSpec:
-    d = json.loads(text)
-    d["jobs"] = tuple(tuple(j) for j in d.get("jobs", ()))
-    return LoadSpec(**d)
+    return LoadSpec(**json.loads(text))
 
 
 def weights_stamp(model_dir: str) -> tuple[int, ...]:

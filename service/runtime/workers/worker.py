@@ -24,7 +24,7 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -63,7 +63,9 @@ class Pending:
 
 class Worker:
     """Runs jobs on `replicas` model instances: child processes (`mode="process"`) or one model on a
-    thread of this process (`mode="thread"`). See the module doc."""
+    thread of this process (`mode="thread"`). `backend` makes a replica's backend from its spec and name
+    where another implementation of the contract is wanted (a test's); by default the mode's. See the
+    module doc."""
 
     def __init__(
         self,
@@ -73,6 +75,7 @@ class Worker:
         observer: WorkerObserver | None = None,
         batch_timeout_s: float | None = None,
         restarts: RestartPolicy | None = None,
+        backend: Callable[[LoadSpec, str], Backend] | None = None,
     ):
         if mode not in ("process", "thread"):
             raise ValueError(f"worker mode must be 'process' or 'thread', got {mode!r}")
@@ -94,8 +97,8 @@ class Worker:
             if mode == "thread":
                 from service.runtime.workers.backend_thread import ThreadBackend
 
-                return ThreadBackend(spec)
-            return ProcessBackend(self.spec_for(index), f"qtrel-model-{index}")
+                return (backend or ThreadBackend)(spec, f"qtrel-model-{index}")
+            return (backend or ProcessBackend)(self.spec_for(index), f"qtrel-model-{index}")
 
         self._replicas = [
             Replica(i, make_backend, self._jobs, self._replica_changed, self._loaded, self._restarted, policy)
@@ -219,8 +222,8 @@ class Worker:
         return left + right
 
     async def job(self, name: str, *args: Any, **kwargs: Any) -> Any:
-        """The named job `name` (service.runtime.workers.runner.JOBS, or the spec's jobs) run on a model between
-        batches; arguments and result must pickle."""
+        """The named job `name` (service.runtime.workers.runner.JOBS) run on a model between batches; arguments
+        and result must pickle."""
         return await asyncio.wrap_future(self._submit(Job(name, args, kwargs)))
 
     # --- the replicas' callbacks and the watchdog ---------------------------------------------

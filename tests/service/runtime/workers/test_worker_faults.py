@@ -15,7 +15,7 @@ import pytest
 from service.runtime.workers.backend import LoadFailed, LoadSpec, ModelError, ProcessDied
 from service.runtime.workers.backend import State as WorkerState
 from service.runtime.workers.worker import RestartPolicy, Worker
-from tests.service.runtime.workers.jobs import POISON
+from tests.service.runtime.workers.hooked import POISON, die_on_poison, hooked
 from tests.service.runtime.workers.test_worker import Restarts, three_pairs
 
 
@@ -120,8 +120,7 @@ def test_a_poison_pair_fails_alone_and_its_batch_mates_are_scored(tiny_checkpoin
     for). It is retried, then split until the poison pair is alone: only it fails; the other seven get
     the scores they get without it, and the model process is restarted a bounded number of times."""
     obs = Restarts()
-    spec = LoadSpec(str(tiny_checkpoint), warmup=False, fault_hook="tests.service.runtime.workers.jobs:die_on_poison")
-    w = Worker(spec, observer=obs)
+    w = Worker(LoadSpec(str(tiny_checkpoint), warmup=False), observer=obs, backend=hooked(fault=die_on_poison))
     bad_id = POISON if fault == "dies" else 10**6
     deaths = 5 if fault == "dies" else 0  # the batch twice, then one per split level
 
