@@ -15,8 +15,8 @@ the speed-up is the median of the per-round ratios (drift of this shared machine
 Reports pairs/s, p50/p99 per request, the server's hit rate and pairs forwarded (qtrel_batch_pairs), and
 whether both servers answered the same scores.
 
-  python bench/cache_replay.py            # into docs/benchmarks.md (section cache-replay), docs/bench/
-  python bench/cache_replay.py --quick    # smoke run, nothing written
+  python lab/cache_replay.py            # into docs/benchmarks.md (section cache-replay), docs/bench/
+  python lab/cache_replay.py --quick    # smoke run, nothing written
 """
 
 from __future__ import annotations
