@@ -29,9 +29,9 @@ import time
 from pathlib import Path
 
 import httpx
+from harness.publish import DEV
 
 ROOT = Path(__file__).resolve().parent.parent
-DEV = ROOT.parent / "shared" / "data" / "homedepot" / "dev.csv"
 
 
 def free_port() -> int:
