@@ -15,6 +15,7 @@ import os
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from model.levels import PairScore
 from model.tokenizer import PairTokenizer
 from service.logs import request_id
 from service.metrics import Metrics
@@ -26,7 +27,7 @@ from service.runtime.results import InferenceFailed, InputTooLong, Scored
 from service.runtime.texts import TextSide
 from service.runtime.wire import Channel, error_classes, load_error
 from service.runtime.workers.backend import BackendError, NotReady
-from service.runtime.workers.worker_api import ModelInfo, PairOutput
+from service.runtime.workers.worker_api import ModelInfo
 from service.settings import Settings
 from service.tracing import Tracing
 
@@ -223,7 +224,7 @@ class RemoteEngine(TextSide):
                 if self._model_state(model)["generation"] == generation:  # the new state is on its way
                     await asyncio.wait_for(changed.wait(), STATE_WAIT_S)
                 continue
-            return Scored([PairOutput(*o) for o in outs], lengths, cut, labels, served)
+            return Scored([PairScore(*o) for o in outs], lengths, cut, labels, served)
         raise NotReady(f"model {model or 'default'} is being reloaded")
 
     async def explain(self, query: str, title: str, model: str | None = None, **options) -> dict:

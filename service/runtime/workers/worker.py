@@ -29,6 +29,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from model.levels import PairScore
 from model.tokenizer import PairTokenizer
 from service.runtime.workers.backend import (
     Backend,
@@ -45,12 +46,12 @@ from service.runtime.workers.backend import (
 )
 from service.runtime.workers.backend_process import ProcessBackend
 from service.runtime.workers.replica import ENDING, Replica, RestartPolicy
-from service.runtime.workers.worker_api import ModelInfo, NoObserver, PairOutput, WorkerObserver
+from service.runtime.workers.worker_api import ModelInfo, NoObserver, WorkerObserver
 
 if TYPE_CHECKING:  # the model lives in the model processes: this process loads torch only in thread mode
     from model.relevance import RelevanceModel
 
-__all__ = ["ModelInfo", "PairOutput", "RestartPolicy", "Worker", "WorkerObserver"]
+__all__ = ["ModelInfo", "RestartPolicy", "Worker", "WorkerObserver"]
 
 log = logging.getLogger("qtrel.worker")
 
@@ -187,13 +188,13 @@ class Worker:
             self._jobs.put(Pending(message, fut))
         return fut
 
-    async def run(self, batch: Sequence[Encoded]) -> list[PairOutput | BackendError]:
+    async def run(self, batch: Sequence[Encoded]) -> list[PairScore | BackendError]:
         """Forward one batch on a model: one entry per pair, its scores, or the error of a pair that failed
         alone. A batch whose process died is retried once; one that fails again, or that the model raised
         for, is split in halves and each is tried once more, down to the single pair that fails."""
         return await self._isolating(list(batch), retry=True)
 
-    async def _isolating(self, batch: list[Encoded], retry: bool) -> list[PairOutput | BackendError]:
+    async def _isolating(self, batch: list[Encoded], retry: bool) -> list[PairScore | BackendError]:
         failure: ProcessDied | ModelError
         try:
             scores = await asyncio.wrap_future(self._submit(Forward(batch)))
@@ -210,7 +211,7 @@ class Worker:
             raise
         else:
             self._obs.forwarded(scores.seconds)
-            return [PairOutput(*row) for row in zip(scores.logits, scores.probs, scores.level, scores.expected)]
+            return [PairScore(*row) for row in zip(scores.logits, scores.probs, scores.level, scores.expected)]
         reason = "process_died" if isinstance(failure, ProcessDied) else "error"
         if len(batch) == 1:
             self._obs.batch_failed(reason)
