@@ -86,7 +86,7 @@ def main() -> int:
         ref = model.predict(pairs)
         score_file(model, src, out, OPTIONS, progress=False)
         with out.open(encoding="utf-8", newline="") as f:
-            diff = max(abs(float(row["pred_score"]) - e.score) for row, e in zip(csv.DictReader(f), ref))
+            diff = max(abs(float(row["pred_score"]) - e.expected) for row, e in zip(csv.DictReader(f), ref))
     pps = {k: n / statistics.median(v) for k, v in seconds.items()}
     best = {k: n / min(v) for k, v in seconds.items()}
     base, best_base = pps["RelevanceModel.predict"], best["RelevanceModel.predict"]

@@ -36,7 +36,7 @@ from typing import Any
 import torch
 from harness.data import DEFAULT_MODEL, base_checkpoint, tiny_checkpoint, useful_flops
 from harness.machine import gpu_kind
-from harness.publish import publish, quick_dir
+from harness.publish import DEV, publish, quick_dir
 
 from model.checkpoint import load_module
 from model.packing import pad_batch
@@ -336,7 +336,7 @@ def main() -> int:
     p.add_argument("--out", type=Path, help="folder of the run's files (default: the scratch folder)")
     p.add_argument("--device", help="default: cuda where torch sees a GPU, else cpu (a dry run)")
     p.add_argument("--model", type=Path, help="checkpoint (default: model/default; --quick: a tiny random one)")
-    p.add_argument("--dev", type=Path, default=ROOT.parent / "shared" / "data" / "homedepot" / "dev.csv")
+    p.add_argument("--dev", type=Path, default=DEV)
     p.add_argument("--quick", action="store_true", help="dry run: few pairs, one budget, a 1-layer base model")
     p.add_argument("--seconds", type=float, default=10.0, help="measured seconds per serving scenario")
     p.add_argument("--no-serve", action="store_true")

@@ -46,8 +46,7 @@ from harness.publish import DEV
 from harness.server import cpu_seconds, free_port, metrics_of
 
 FINISHED = ("completed", "failed", "cancelled")
-DATA = os.environ.get("QTREL_TEST_DATA")  # as the tests read it: a checkout without ../shared beside it
-DEV_CSV = Path(DATA) / "homedepot" / "dev.csv" if DATA else DEV
+DEV_CSV = DEV
 
 
 # --- data ---------------------------------------------------------------------------------------

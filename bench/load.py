@@ -7,7 +7,7 @@ Starts `qtrel serve --model DIR` as a subprocess (or targets --url, loopback onl
       titles up to 50, all distinct);
   (c) an open-loop Poisson arrival schedule of one-pair requests at 70% of (a)'s throughput;
   (d) scenario (a) against bench/harness/naive_server.py (transformers, one forward per request);
-  (e) scenario (a) against Infinity (`bench/infinity_anchor.py`) in the same precision, where it is
+  (e) scenario (a) against Infinity (`bench/harness/infinity.py`) in the same precision, where it is
       installed: started beside qtrel and interleaved with (a) over --anchor-rounds rounds.
 Each scenario runs --warmup then --seconds; only the window after the warm-up counts. The offline
 throughput of the same model on the same pairs (RelevanceModel.predict, length-sorted batches, same
@@ -365,7 +365,7 @@ def main() -> int:
     report["targets"] = targets(report)
     inf_note = (
         f"(e) Infinity ({report['infinity_server']['version']}, dtype {a.infinity_dtype}, {a.cores} torch threads, "
-        "one process) serves the same encoder and tokenizer with a one-output head (bench/infinity_anchor.py) on "
+        "one process) serves the same encoder and tokenizer with a one-output head (bench/harness/infinity.py) on "
         "its /rerank route, one pair per request, started beside qtrel and interleaved with (a); "
         "(a) in the table is its round 1."
         if "infinity_server" in report

@@ -21,13 +21,14 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from harness.publish import DATA, DEV
 
 from model.builtin import builtin_dir
 from model.relevance import RelevanceModel
 
 ROOT = Path(__file__).resolve().parent.parent
-QBQTC = ROOT.parent / "shared" / "data" / "qbqtc" / "dev.json"
-HOMEDEPOT = ROOT.parent / "shared" / "data" / "homedepot" / "dev.csv"
+QBQTC = DATA / "qbqtc" / "dev.json"
+HOMEDEPOT = DEV
 
 
 def flops(m: RelevanceModel, lengths: list[int]) -> float:

@@ -4,10 +4,10 @@
 kernel (`model.engines.fused`: one call a layer over every pair's rows in place) where it is built; the
 model's own switch (`RelevanceModel.use_attention`) flips between them, and the report says which one this
 CPU ships (`model.engines.kernels.choose_attention`, with its start-up probe's figures). Same batches of
-consecutive dev pairs as bench/forward_profile.py, the kernels interleaved per round, median and range;
+consecutive dev pairs as lab/forward_profile.py, the kernels interleaved per round, median and range;
 plus the bare kernels on one group's shape.
 
-  python bench/attention_ab.py --model model/default [--threads 1] [--pause-pid PID]
+  python lab/attention_ab.py --model model/default [--threads 1] [--pause-pid PID]
 """
 
 from __future__ import annotations
@@ -146,7 +146,7 @@ def main() -> int:
     }
     others = [w for w in kinds if w != "sdpa"]
     lines = [
-        f"### Attention kernel A/B inside the default forward (`bench/attention_ab.py`, {report['machine']['date']})",
+        f"### Attention kernel A/B inside the default forward (`lab/attention_ab.py`, {report['machine']['date']})",
         "",
         f"{m.dtype}, {a.threads} torch thread(s), {a.batches} batches of consecutive dev pairs per size, the "
         f"kernels interleaved over {a.rounds} rounds (median ms per forward; speed-up over flash = median of the "

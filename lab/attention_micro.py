@@ -16,7 +16,7 @@ the keys are masked as `model.packing` masks them. Variants, each timed interlea
 torch's `varlen_attn` (packed rows, no padding) is tried once; on torch 2.13 it has no CPU kernel.
 `err` is the largest difference from the float32 reference. Then the shipped kernel's steps, timed apart.
 
-  python bench/attention_micro.py [--rounds 7] [--calls 200] [--flex]
+  python lab/attention_micro.py [--rounds 7] [--calls 200] [--flex]
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@ through torch (`model.engines.kernels.onednn_pays`); numpy's wheel bundles OpenB
 This times both on MiniLM's linear shapes (the query/key/value projection fused, the attention output, the
 FFN's two), one thread, the libraries alternating within each round, best of each round's repeats.
 
-    python bench/blas_ab.py [--rows 256 1024] [--rounds 3]
+    python lab/blas_ab.py [--rows 256 1024] [--rounds 3]
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 and 1, 2, 4, 8 below. Small batches (a one-pair request at low load) are where the filler rows weigh; the
 logits must not move (filler rows are never attended to or read).
 
-  python bench/bucket_ab.py --model model/default [--threads 1] [--rounds 6]
+  python lab/bucket_ab.py --model model/default [--threads 1] [--rounds 6]
 """
 
 from __future__ import annotations
@@ -85,7 +85,7 @@ def main() -> int:
         }
     report: dict = {"isa_line": isa_line(isa()), "machine": machine(), "command": command_line(), "rows": rows}
     lines = [
-        f"### Token buckets at the small end (`bench/bucket_ab.py`, {report['machine']['date']})",
+        f"### Token buckets at the small end (`lab/bucket_ab.py`, {report['machine']['date']})",
         "",
         f"{m.dtype}, {a.threads} torch thread(s); {a.batches} batches of consecutive dev pairs per size, the two "
         f"ladders interleaved over {a.rounds} rounds (median ms per forward; speed-up = median of per-round ratios).",

@@ -5,7 +5,7 @@ on one-thread workers while OpenVINO splits each batch over its threads), on tor
 `model/default` in the machine's native precision, dev pairs encoded once (tokenising not timed), the
 engines alternating within each round; logits compared.
 
-    python bench/bulk_engines.py [--threads 1 2] [--pairs 3000] [--rounds 4]
+    python lab/bulk_engines.py [--threads 1 2] [--pairs 3000] [--rounds 4]
 """
 
 from __future__ import annotations

@@ -7,8 +7,8 @@ flattened to one row per pair in request order), and the Home Depot dev file its
 One loaded model (dtype auto: bfloat16 on AVX512-BF16 CPUs, as `qtrel score`), interleaved, order rotated
 per repeat, median and best of the repeats. The machine is shared: read the ratios, not the pairs/s.
 
-  python bench/bulk_fold.py                  # into docs/benchmarks.md and docs/bench/bulk_fold.json
-  python bench/bulk_fold.py --quick          # small, scratch output
+  python lab/bulk_fold.py                  # into docs/benchmarks.md and docs/bench/bulk_fold.json
+  python lab/bulk_fold.py --quick          # small, scratch output
 """
 
 from __future__ import annotations
@@ -120,7 +120,7 @@ def main() -> int:
             )
     text = "\n".join(
         [
-            "## Bulk scoring with duplicates folded (`bench/bulk_fold.py`)",
+            "## Bulk scoring with duplicates folded (`lab/bulk_fold.py`)",
             "",
             "`qtrel score` forwards each distinct (query, title) pair of a chunk once and copies its row to the "
             "duplicates, against the same command forwarding every row (before issue 22). One loaded model, "

@@ -15,8 +15,8 @@ the speed-up is the median of the per-round ratios (drift of this shared machine
 Reports pairs/s, p50/p99 per request, the server's hit rate and pairs forwarded (qtrel_batch_pairs), and
 whether both servers answered the same scores.
 
-  python bench/cache_replay.py            # into docs/benchmarks.md (section cache-replay), docs/bench/
-  python bench/cache_replay.py --quick    # smoke run, nothing written
+  python lab/cache_replay.py            # into docs/benchmarks.md (section cache-replay), docs/bench/
+  python lab/cache_replay.py --quick    # smoke run, nothing written
 """
 
 from __future__ import annotations
@@ -128,11 +128,11 @@ def miss_path_us(trace: Trace) -> float:
     """What the cache adds to a pair it does not hold, in this process: the key, the lookup that misses,
     and the store of the forward's result (packed, LRU bookkeeping), microseconds per pair."""
     sys.path.insert(0, str(ROOT))
+    from model.levels import PairScore
     from service.runtime.cache import Cached, ScoreCache, make_key
-    from service.runtime.worker_api import PairOutput
 
     pairs = [(q, t) for q, ts in trace for t in ts]
-    out = Cached(PairOutput([0.1] * 5, [0.2] * 5, 2, 3.1), 24, False)
+    out = Cached(PairScore([0.1] * 5, [0.2] * 5, 2, 3.1), 24, False)
     best = float("inf")
     for _ in range(5):
         cache = ScoreCache(64 << 20)

@@ -6,7 +6,7 @@ cross-fitted), the share of each level, how sampled negatives are graded (share 
 judged vs negative) and the hand-written off-domain titles (tests/data/off_domain_titles.csv: how many at
 level 1 and 1-2, mean p(level 1)). Logits are computed once per checkpoint.
 
-    python bench/calibration_variants.py model/default runs/v2 --out docs/bench/calibration_variants.json
+    python lab/calibration_variants.py model/default runs/v2 --out docs/bench/calibration_variants.json
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Issue 23, "distil the stack into the encoder": the teacher, built on train.csv without leakage.
 
 Steps (each cached under /tmp/distill-runs, one thread throughout):
-  logits   model/default's per-class logits on train.csv (as bench/lexical_stack_cache.py does on dev)
+  logits   model/default's per-class logits on train.csv (as lab/lexical_stack_cache.py does on dev)
   trees    out-of-fold level probabilities of the lexical baseline (model/train/baseline.py) on train.csv,
            5 folds split by query (GroupKFold on the lower-cased query); on dev, the mean of the 5 fold fits
   teacher  a stacker on [logits, OOF tree probabilities]: a ridge on the raters' relevance (1..3) and a
@@ -13,8 +13,8 @@ Steps (each cached under /tmp/distill-runs, one thread throughout):
            half of the dev queries, checked on the other half, applied to train (see teacher_dev_half)
   halves   calibrated students against model/default on each dev half (half B: never seen by that teacher)
 
-    OMP_NUM_THREADS=1 nice -n 10 python bench/distill_teacher.py logits|trees|teacher|teacher-dev-half [--out FILE]
-    OMP_NUM_THREADS=1 nice -n 10 python bench/distill_teacher.py halves CALIBRATED_CKPT... [--json FILE]
+    OMP_NUM_THREADS=1 nice -n 10 python lab/distill_teacher.py logits|trees|teacher|teacher-dev-half [--out FILE]
+    OMP_NUM_THREADS=1 nice -n 10 python lab/distill_teacher.py halves CALIBRATED_CKPT... [--json FILE]
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ from model.data import read_labelled  # noqa: E402
 TRAIN = DEV.with_name("train.csv")
 LABELS = ["1", "2", "3", "4", "5"]
 CACHE = Path("/tmp/distill-runs/teacher")
-LEXSTACK = Path("/tmp/lexstack")  # bench/lexical_stack_cache.py model/default: dev logits
+LEXSTACK = Path("/tmp/lexstack")  # lab/lexical_stack_cache.py model/default: dev logits
 
 
 def logits(ck: str = "model/default") -> None:
@@ -62,7 +62,7 @@ def logits(ck: str = "model/default") -> None:
 
 
 def query_folds(ds, k: int = 5) -> np.ndarray:
-    """Fold index per row, split by the lower-cased query (GroupKFold, as bench/lexical_stack.py)."""
+    """Fold index per row, split by the lower-cased query (GroupKFold, as lab/lexical_stack.py)."""
     from sklearn.model_selection import GroupKFold
 
     groups = np.array([e.query.lower() for e in ds.examples])

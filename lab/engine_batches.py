@@ -6,7 +6,7 @@ for both engines alternately, best of ROUNDS: the probe's two batches (`openvino
 what `inference=auto` times at start-up), 20 batches of 32 dev pairs in arrival order (mixed lengths, as
 the batcher forms them under load), the same cut to 8 pairs, and the 32s sorted by length (the anchors').
 
-    python bench/engine_batches.py [--rounds 5]
+    python lab/engine_batches.py [--rounds 5]
 """
 
 from __future__ import annotations

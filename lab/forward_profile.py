@@ -10,7 +10,7 @@ attention loop, `pack`).
 The wall time of the same forwards without the profiler is beside it, at 2 threads and at 1 thread
 (the thread layout: two 1-thread processes against one 2-thread one).
 
-  python bench/forward_profile.py --model model/default [--pause-pid PID] [--pause-match 'qtrel train']
+  python lab/forward_profile.py --model model/default [--pause-pid PID] [--pause-match 'qtrel train']
 """
 
 from __future__ import annotations
@@ -240,7 +240,7 @@ def render(r: dict) -> str:
     for s in r["sizes"].values():
         names += [k for k in s["shares"] if k not in names]
     lines = [
-        f"### Where qtrel's default forward spends its time (`bench/forward_profile.py`, {r['machine']['date']})",
+        f"### Where qtrel's default forward spends its time (`lab/forward_profile.py`, {r['machine']['date']})",
         "",
         f"torch.profiler, {r['dtype']}, unpadded, kernels {r['cpu_kernels']}, attention {r.get('attention', 'sdpa')}, "
         f"{r['profile_threads']} torch "

@@ -4,7 +4,7 @@ driven by bench/load.py's client with 64 one-pair clients. Prints requests/s and
 per request of the server and of the client: what no Python service on FastAPI can go below on this
 machine, whatever its model.
 
-  python bench/http_floor.py
+  python lab/http_floor.py
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ in its name). Variants:
   - `bf16 oneDNN (shipped)`: `model.engines.onednn.OneDNNLinear`, pre-packed, GELU fused;
   - `_int_mm kernel`: `torch._int_mm` s8 x s8 -> s32 alone, operands already int8 (the bound, not a path);
   - `_int_mm per-token`: per-token dynamic symmetric int8 activations, per-channel weights (the scheme that
-    kept 98.05% of levels, `bench/int8_tradeoff.py`), quantise + `_int_mm` + rescale, bias, GELU in eager;
+    kept 98.05% of levels, `lab/int8_tradeoff.py`), quantise + `_int_mm` + rescale, bias, GELU in eager;
   - `_int_mm per-token, torch.compile`: the same function under inductor, which fuses the quantise prologue
     and the rescale epilogue around `_int_mm` (one compile per shape, rows dynamic; `--no-compile` skips it);
   - `qlinear kernel`: `torch.ops.onednn.qlinear_pointwise` (pre-packed s8 weights, per-channel scales, bias,
@@ -22,12 +22,12 @@ in its name). Variants:
     per-tensor activations, per-column weights), float32, GELU (com.microsoft BiasGelu) fused after it;
   - `weight-only int8`: `torch._weight_int8pack_mm` (bf16 activations, int8 weights).
 torchao 0.18 on CPU has no fused int8 kernel of its own (its ops are quantise/dequantise; its C++ CPU extension
-is not in the wheel), so it is not a row here; its eager W8A8 is timed end to end in `bench/int8_tradeoff.py`.
+is not in the wheel), so it is not a row here; its eager W8A8 is timed end to end in `lab/int8_tradeoff.py`.
 
 All variants interleaved per repeat (order rotated), `--calls` calls each, median of `--repeats`; the
 figure is GFLOP/s of the linear (2·rows·in·out per call), so a variant's quantisation counts as its time.
 
-  python bench/int8_kernels.py [--rows 256 1024 4096] [--repeats 7] [--threads 1] [--no-compile] [--quick]
+  python lab/int8_kernels.py [--rows 256 1024 4096] [--repeats 7] [--threads 1] [--no-compile] [--quick]
 """
 
 from __future__ import annotations
@@ -273,7 +273,7 @@ def render(r: dict) -> str:
     loads = [v for x in r["results"] for v in x["load_1min"]]
     lines = [
         f"### int8 kernels against the shipped bfloat16 linear: {r['isa']['microarchitecture']} "
-        f"(`bench/int8_kernels.py`, {r['date']})",
+        f"(`lab/int8_kernels.py`, {r['date']})",
         "",
         f"- ISA: {r['isa_line']}",
         f"- command: `{r['command']}`; torch {r['torch']}, {r['threads']} torch thread(s)",

@@ -16,7 +16,7 @@ whether the rest could follow, on held-out Home Depot dev pairs against qtrel fl
 
 bfloat16 (the shipped float mode) is the yardstick: the error a precision costs without any int8.
 
-  python bench/int8_limits.py --model model/default [--pairs 2000] [--steps 250] [--lr 2e-5 1e-4]
+  python lab/int8_limits.py --model model/default [--pairs 2000] [--steps 250] [--lr 2e-5 1e-4]
 """
 
 from __future__ import annotations
@@ -209,7 +209,7 @@ def main() -> int:
 def render(r: dict) -> str:
     lines = [
         f"### Can every linear run in int8 and keep the grade? {r['isa']['microarchitecture']} "
-        f"(`bench/int8_limits.py`, {r['date']})",
+        f"(`lab/int8_limits.py`, {r['date']})",
         "",
         f"- ISA: {r['isa_line']}",
         f"- command: `{r['command']}`; torch {r['torch']}; the first {r['pairs']:,} dev pairs against qtrel float32's "

@@ -10,7 +10,7 @@ the ops that produce their inputs.
     length-sorted batches of 32, against qtrel float32: same level and score RMSE (post-training quantisation).
 Needs torchao and a C++ compiler (inductor). Prints its results; `docs/benchmarks.md` has the run it quotes.
 
-  python bench/int8_pt2e.py [--shapes 32x32 8x32] [--quality-pairs 2000] [--repeats 7]
+  python lab/int8_pt2e.py [--shapes 32x32 8x32] [--quality-pairs 2000] [--repeats 7]
 """
 
 from __future__ import annotations

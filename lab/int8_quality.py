@@ -6,7 +6,7 @@ numbers a user of the grade sees. Rows: the native float mode on OpenVINO (what 
 the checkpoint's plan (`int8.json`, `qtrel quantize`), and every encoder linear in int8 (the plan's upper
 bound on speed, for reference). The speed of each is `bench/anchors.py`'s (same model directory).
 
-  python bench/int8_quality.py --model model/default
+  python lab/int8_quality.py --model model/default
 """
 
 from __future__ import annotations
@@ -89,7 +89,7 @@ def render(r: dict) -> str:
     about = r["plan"]
     pairs = about.get("pairs", {})
     lines = [
-        f"### Does static int8 keep the grade? {r['isa']['microarchitecture']} (`bench/int8_quality.py`, {r['date']})",
+        f"### Does static int8 keep the grade? {r['isa']['microarchitecture']} (`lab/int8_quality.py`, {r['date']})",
         "",
         f"- ISA: {r['isa_line']}",
         f"- command: `{r['command']}`; torch {r['torch']}; {r['pairs']:,} dev pairs",

@@ -13,7 +13,7 @@ Speed: pairs/s on length-sorted batches of 32 (`--speed-pairs` pairs, tokenisati
 variant beside qtrel's default (bfloat16 where native, unpadded, oneDNN) and float32, interleaved per
 repeat (`bench/anchors.py`'s `measure`), at 1 and at 2 torch threads.
 
-  python bench/int8_tradeoff.py --model model/default [--pause-pid PID]
+  python lab/int8_tradeoff.py --model model/default [--pause-pid PID]
 """
 
 from __future__ import annotations
@@ -170,7 +170,7 @@ def render(r: dict) -> str:
     fast = r["fast_float"]
     lines = [
         f"### int8 against the fastest float mode: {r['isa']['microarchitecture']} "
-        f"(`bench/int8_tradeoff.py`, {r['date']})",
+        f"(`lab/int8_tradeoff.py`, {r['date']})",
         "",
         f"- ISA: {r['isa_line']}",
         f"- command: `{r['command']}`; torch {r['torch']}",

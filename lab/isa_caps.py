@@ -2,7 +2,7 @@
 linear, and what `dtype=auto` picks, each cap in a fresh process (oneDNN reads `ONEDNN_MAX_CPU_ISA` once,
 when it starts). Prints a markdown table; the figures are one process each, not interleaved.
 
-  python bench/isa_caps.py [--caps AVX2 AVX512_CORE_VNNI ...]
+  python lab/isa_caps.py [--caps AVX2 AVX512_CORE_VNNI ...]
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ on qtrel's offline ratio is then: peak ÷ the anchor's useful GFLOP/s (bench/bat
 forward already does the fewest multiply-adds the model allows (the [CLS]-only last layer, no padding).
 AMX is not probed (its tiles need the kernel's permission and a tile configuration).
 
-  python bench/isa_peak.py [--seconds 0.3] [--repeats 5]
+  python lab/isa_peak.py [--seconds 0.3] [--repeats 5]
 """
 
 from __future__ import annotations
@@ -155,7 +155,7 @@ def main() -> int:
         "linears": linears,
     }
     lines = [
-        f"### One core's arithmetic ceiling (`bench/isa_peak.py`, {report['machine']['date']})",
+        f"### One core's arithmetic ceiling (`lab/isa_peak.py`, {report['machine']['date']})",
         "",
         f"- ISA: {report['isa_line']}",
         f"- command: `{report['command']}`",

@@ -5,7 +5,7 @@ Same 1,024 dev pairs in length-sorted batches of 32 through `RelevanceModel.logi
 variants interleaved per round with the order rotated; median and range of pairs/s, and the ratio to the
 earlier default (oneDNN, full last layer).
 
-    python bench/kernels_ab.py [--rounds 3]
+    python lab/kernels_ab.py [--rounds 3]
 """
 
 from __future__ import annotations

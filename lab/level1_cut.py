@@ -8,7 +8,7 @@ QWK, NDCG@10, the share of *other* sampled negatives (another seed) at level 1 a
 hand-written off-domain titles (tests/data/off_domain_titles.csv) at level 1 and 1-2 with their mean
 p(level 1). Logits are computed once per checkpoint.
 
-    python bench/level1_cut.py model/default runs/v3a/step-4722 --out docs/bench/level1_cut.json
+    python lab/level1_cut.py model/default runs/v3a/step-4722 --out docs/bench/level1_cut.json
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ negatives (random dev titles for dev queries, 0.25 per pair) and the hand-writte
 (AUC judged > random, their mean predicted relevance). Nothing here ships: it measures whether the lever
 is worth building.
 
-    python bench/lexical_stack.py model/default [more checkpoints]
+    python lab/lexical_stack.py model/default [more checkpoints]
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
-"""Cache for bench/lexical_stack_negatives.py: model/default's logits and the lexical baseline's features and
+"""Cache for lab/lexical_stack_negatives.py: model/default's logits and the lexical baseline's features and
 tree probabilities on dev, sampled negatives (evaluation and fit sets, random and foreign) and the
 off-domain titles, as /tmp/lexstack/*.npy. One thread throughout.
 
-    OMP_NUM_THREADS=1 python bench/lexical_stack_cache.py [model/default]
+    OMP_NUM_THREADS=1 python lab/lexical_stack_cache.py [model/default]
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """Issue 23: can a lexical stack meet RMSE <= 0.465 and QWK >= 0.47 without grading unrelated titles higher?
 
-Reads the cache of bench/lexical_stack_cache.py (/tmp/lexstack: model/default's logits, the lexical baseline's
+Reads the cache of lab/lexical_stack_cache.py (/tmp/lexstack: model/default's logits, the lexical baseline's
 23 features and its trees' 5 probabilities on dev, sampled negatives and the off-domain titles). Every stack
-is cross-fitted on dev by query, 5 folds (GroupKFold on the lower-cased query, as bench/lexical_stack.py):
+is cross-fitted on dev by query, 5 folds (GroupKFold on the lower-cased query, as lab/lexical_stack.py):
 each dev pair, and each sampled negative of its query, is scored by a stacker and cut points that never saw
 that query. Negatives used in a fit ("neg_fit": 1.0 per judged pair, seed 11; "foreign_fit": 0.25, seed 12)
 are other draws than the evaluated ones ("neg_eval" = qtrel eval --negatives 0.25, seed 0; "foreign_eval":
@@ -14,7 +14,7 @@ other folds; NDCG@10; AUC judged vs random title of the same query (as qtrel eva
 random titles at level 1 and 1-2; foreign titles at level 1 and 1-2; off-domain at level 1 and 1-2 and
 mean relevance; the smallest level share of dev (cross-fitted levels).
 
-    OMP_NUM_THREADS=1 python bench/lexical_stack_negatives.py [--only PATTERN] [--json out.json]
+    OMP_NUM_THREADS=1 python lab/lexical_stack_negatives.py [--only PATTERN] [--json out.json]
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ against sklearn's predict_proba; and what the baseline costs per 1,000 pairs, on
 (LexicalBaseline.features, pure Python), sklearn's predict_proba on precomputed features, and the numpy
 trees, batched and one pair at a time. Nothing here ships.
 
-    OMP_NUM_THREADS=1 python bench/lexical_trees_numpy.py [--out /tmp/lexstack/trees.json]
+    OMP_NUM_THREADS=1 python lab/lexical_trees_numpy.py [--out /tmp/lexstack/trees.json]
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The packed forward's attention kernels by pair length (issue 20): where each one pays, measured whole.
 
-MiniLM's served pairs are ~27 tokens, where the A/Bs chose the kernels (bench/attention_ab.py); a user who raises
+MiniLM's served pairs are ~27 tokens, where the A/Bs chose the kernels (lab/attention_ab.py); a user who raises
 `max_length` sends longer ones. This times the default model's whole forward on batches of ~4,096 tokens of
 pairs all of one length (random tokens, a 10-token query), with each kernel forced for every block and the
 length guards lifted (each layer's `fused_max`, `model.engines.packed.MATH_MAX_TOKENS`): torch's flash kernel per
@@ -9,7 +9,7 @@ shipped rules against one kernel for a whole batch on mixed batches. Kernels int
 rotated; median ms and the per-round ratios. What it found fixed MATH_MAX_TOKENS and checks
 `model.engines.kernels.fused_max_tokens` on the machine at hand.
 
-  python bench/long_pairs.py --model model/default [--threads 1] [--rounds 6] [--dtype float32]
+  python lab/long_pairs.py --model model/default [--threads 1] [--rounds 6] [--dtype float32]
 """
 
 from __future__ import annotations
@@ -137,7 +137,7 @@ def main() -> int:
     stamp = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
     longest = "every pair's" if shipped_guards[0] >= 10**6 else f"{shipped_guards[0]}"
     lines = [
-        f"### Attention kernels by pair length (`bench/long_pairs.py`, {stamp})",
+        f"### Attention kernels by pair length (`lab/long_pairs.py`, {stamp})",
         "",
         f"{report['dtype']}, {a.threads} torch thread(s); the default model's whole forward on batches of "
         f"~{TOKENS} tokens of pairs all of one length (random tokens), each kernel forced on every block with "

@@ -1,10 +1,10 @@
 """A/B of the packed forward's residual add + LayerNorm (issue 20): torch's two ops (`norm(x + r)`) against the
 fused kernel (`model.engines.fused.add_layer_norm`, one pass, in the same library as the fused attention),
 on the bare op at a served batch's row counts and inside the whole default forward, interleaved per round on
-the same batches of consecutive dev pairs as bench/attention_ab.py (median and range of the per-round ratios;
+the same batches of consecutive dev pairs as lab/attention_ab.py (median and range of the per-round ratios;
 logits and levels against torch's ops).
 
-  python bench/norm_ab.py --model model/default [--threads 1] [--rounds 7]
+  python lab/norm_ab.py --model model/default [--threads 1] [--rounds 7]
 """
 
 from __future__ import annotations
@@ -117,7 +117,7 @@ def main() -> int:
         "bare_us": ops,
     }
     lines = [
-        f"### Residual add + LayerNorm, fused against torch's ops (`bench/norm_ab.py`, {report['machine']['date']})",
+        f"### Residual add + LayerNorm, fused against torch's ops (`lab/norm_ab.py`, {report['machine']['date']})",
         "",
         f"{m.dtype}, {a.threads} torch thread(s), attention {m.attention}; {a.batches} batches of consecutive dev "
         f"pairs per size, the two interleaved over {a.rounds} rounds (median ms per forward; speed-up = median of "

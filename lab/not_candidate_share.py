@@ -3,7 +3,7 @@
 fitted on judged pairs plus W x negatives, for several W; and RMSE on the 1..3 scale of the expected
 level over all classes against the expected level over the five judged classes alone.
 
-    python bench/not_candidate_share.py runs/v3d/step-1771
+    python lab/not_candidate_share.py runs/v3d/step-1771
 """
 
 from __future__ import annotations

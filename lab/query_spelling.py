@@ -3,7 +3,7 @@ correction" row.) Writes a copy of a labelled file with each query word that nei
 queries use corrected to the most frequent catalogue word within edit distance 1 (else a split into two
 common words, else distance 2); then compare `qtrel eval` on both files.
 
-    python bench/query_spelling.py ../shared/data/homedepot/dev.csv /tmp/dev-spelled.csv
+    python lab/query_spelling.py ../shared/data/homedepot/dev.csv /tmp/dev-spelled.csv
     qtrel eval model/default /tmp/dev-spelled.csv --negatives 0
 """
 

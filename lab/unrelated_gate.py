@@ -15,7 +15,7 @@ quantile of the judged pairs' gate logits, and `--sharpness` multiplies the logi
 all but the most unrelated-looking judged pairs alone. With `--overlap`, the gate also reads the share of
 the query's word pieces found in the title (and whether it is zero), from the tokens the model reads.
 
-    python bench/unrelated_gate.py model/default runs/v3t/step-6000 [--out docs/bench/unrelated_gate.json]
+    python lab/unrelated_gate.py model/default runs/v3t/step-6000 [--out docs/bench/unrelated_gate.json]
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ native precision, THREADS torch threads; the two layouts alternate within each r
 per round, and the ratio is taken per round (this shared machine's speed swings by a third from one minute
 to the next, the ratio within a round far less); median and range. Checks that both give the same logits.
 
-    python bench/workers_ab.py [--pairs 3000] [--rounds 5] [--threads 2]
+    python lab/workers_ab.py [--pairs 3000] [--rounds 5] [--threads 2]
 """
 
 from __future__ import annotations

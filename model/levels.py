@@ -1,10 +1,11 @@
 """The levels of a grade, without torch: the default 5-level scale, each level's numeric value, the
-expected level on 0..1, and the one default batch budget. Imported by the HTTP layer and the settings,
-which need these numbers but not the network."""
+expected level on 0..1, one scored pair as plain numbers, and the one default batch budget. Imported by the
+HTTP layer, the service and the settings, which need these numbers but not the network."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 DEFAULT_LEVELS = ("1", "2", "3", "4", "5")  # 1 = unrelated ... 5 = fully satisfies the query
 MAX_BATCH_TOKENS = 8192  # padded tokens per forward pass: the default of the server and every command
@@ -38,3 +39,17 @@ def raw_score(level_logits: Sequence[float]) -> float:
     one-logit head (model.heads) that is its logit itself; for a k-level head, the log-odds of the top level
     against the lowest."""
     return float(level_logits[-1] - level_logits[0])
+
+
+@dataclass
+class PairScore:
+    """One scored pair as plain numbers: a row of model.scoring.ScoredBatch. What RelevanceModel.predict answers
+    per pair, what the worker hands the engine and what the score cache keeps. Beside it: the model's batch
+    (ScoredBatch) and the service's answer (service.runtime.results.Scored); a batch crosses the model process's
+    pipe as columns (BatchScores: four lists pickle at ~0.4x the cost of a row each) and bulk scoring writes a
+    chunk's columns (model.bulk.io.Scores)."""
+
+    logits: list[float]
+    probs: list[float]  # per level, in the order of the model's labels
+    level: int  # class index chosen by the model's level rule
+    expected: float  # expected level: the ranking score

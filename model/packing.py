@@ -99,7 +99,7 @@ def token_bucket(n: int) -> int:
     more than a whole small batch takes. With the packed token count on this ladder, every shape a
     server meets can be built once at warm-up (see `model.engines.kernels.warm_linear_shapes`). The fine steps at
     the bottom are for small batches: a one-pair forward's ~27 tokens and the last layer's [CLS] rows
-    (one a pair) cost 3-5% less on steps of 8 and 1, 2, 4, 8 than on steps of 16 (bench/bucket_ab.py)."""
+    (one a pair) cost 3-5% less on steps of 8 and 1, 2, 4, 8 than on steps of 16 (lab/bucket_ab.py)."""
     if n <= 8:
         return 1 << (n - 1).bit_length() if n > 0 else 0
     granule = 8 if n <= 64 else 16 if n <= 256 else 32 if n <= 1024 else 128 if n <= 4096 else 512

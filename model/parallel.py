@@ -3,7 +3,7 @@ own torch intra-op threads, each forwarding whole batches.
 
 Why: one forward split over two cores (torch's intra-op threads) ran at 0.87-0.96x the best anchor on two
 cores of an AMD EPYC Zen 3 in float32; the same two cores as two workers of one thread each forwarded 1.18x
-more pairs (1.17-1.26 per round, bench/workers_ab.py, docs/benchmarks.md). It is the server's layout (model
+more pairs (1.17-1.26 per round, lab/workers_ab.py, docs/benchmarks.md). It is the server's layout (model
 processes of one thread) inside one process: MiniLM's matmuls are too small to split well, and whole
 batches need no synchronisation. Every kernel releases the GIL; only the Python between kernels (under a
 tenth of a forward) runs one at a time.

@@ -8,7 +8,6 @@ chosen by the checkpoint's level rule."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -25,22 +24,13 @@ from model.engines.base import Engine, EngineKind, Ids, Kernels
 from model.engines.eager import DTYPES, torch_engine
 from model.engines.kernels import attention_path
 from model.heads import Head
-from model.levels import MAX_BATCH_TOKENS
+from model.levels import MAX_BATCH_TOKENS, PairScore
 from model.packing import length_batches, pad_batch
 from model.parallel import ForwardWorkers, run_batches, workers_for
 from model.scoring import LevelRule, ScoredBatch, level_values, score_logits
 from model.tokenizer import EncodedPairs, PairTokenizer, Truncation
 
-__all__ = ["RelevanceModel", "PairScore", "level_values", "pad_batch", "length_batches"]
-
-
-@dataclass
-class PairScore:
-    probs: list[float]  # per level, in the order of `RelevanceModel.labels`
-    level: str  # label of the level chosen by the model's level rule
-    score: float  # expected level
-    tokens: int
-    truncated: bool
+__all__ = ["RelevanceModel", "level_values", "pad_batch", "length_batches"]
 
 
 class RelevanceModel:
@@ -219,7 +209,7 @@ class RelevanceModel:
         float32/bfloat16), or "auto": both timed on two realistic batches (about a second on the default
         model), OpenVINO kept only where it is clearly faster (`openvino.MARGIN`). Where OpenVINO
         is missing or fails to convert or compile, torch, with the reason in `describe()`. Compiling starts
-        OpenVINO's thread pools: never call this in a process that forks (service.runtime.template). Head
+        OpenVINO's thread pools: never call this in a process that forks (service.runtime.workers.template). Head
         masks always run on torch."""
         vocab = min(self.tokenizer.vocab_size, self.cfg.vocab_size)
         self.engine, self.inference_choice = openvino.choose(
@@ -318,12 +308,10 @@ class RelevanceModel:
         max_batch_tokens: int = MAX_BATCH_TOKENS,
         head_mask: Tensor | None = None,
     ) -> list[PairScore]:
-        """Score pairs in length-sorted batches of at most `max_batch_tokens` padded tokens."""
+        """Score pairs in length-sorted batches of at most `max_batch_tokens` padded tokens; a pair's level is
+        its class index (`labels[level]` names it)."""
         enc = self.encode(pairs, truncation)
         s = self.score(self.encoded_logits(enc, max_batch_tokens, head_mask))
         return [
-            PairScore(p, self.labels[lv], e, n, tr)
-            for p, lv, e, n, tr in zip(
-                s.probs.tolist(), s.level.tolist(), s.expected.tolist(), enc.lengths, enc.truncated
-            )
+            PairScore(*row) for row in zip(s.logits.tolist(), s.probs.tolist(), s.level.tolist(), s.expected.tolist())
         ]

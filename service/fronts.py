@@ -26,7 +26,7 @@ from collections import deque
 
 from pydantic import SecretStr
 
-from service.runtime.replica import RestartPolicy
+from service.runtime.workers.replica import RestartPolicy
 from service.settings import Settings
 
 log = logging.getLogger("qtrel.fronts")

@@ -66,6 +66,10 @@ RULES = (
          "the engine, batcher, worker and backends sit below HTTP, even one hop away; spans go through "
          "service.tracing, which imports OpenTelemetry only when tracing is on",
          gateways=("service.tracing",)),
+    Rule("workers-know-no-engine", under("service/runtime/workers"), ("service",),
+         "the model processes load, warm up and forward what they are handed: no engine, queue, cache, settings "
+         "or jobs; of the rest of the service they use only the layout's memory helpers",
+         gateways=("service.runtime.workers", "service.runtime.layout")),
     Rule("runtime-uses-the-model-contract", under("service/runtime"), MODEL_INTERNALS,
          "the runtime uses RelevanceModel's contract, not the architecture, packing or kernels", direct=True),
     Rule("batcher-knows-no-model", lambda rel: rel in BATCHER,
@@ -289,7 +293,7 @@ def test_no_new_architecture_violations():
 
 def test_the_folders_are_the_parts():
     graph = Graph()
-    for pkg in ("model/train", "model/bulk", "service/http", "service/runtime"):
+    for pkg in ("model/train", "model/bulk", "service/http", "service/runtime", "service/runtime/workers"):
         assert f"{pkg}/__init__.py" in graph.sources, pkg
     flat = [
         rel
@@ -311,6 +315,17 @@ def test_the_runtime_reaching_fastapi_one_hop_away_is_caught():
     }
     assert ("runtime-knows-no-http", "service/runtime/x.py", "fastapi") in planted(files, "service/runtime/x.py")
     assert planted({"service/runtime/x.py": "import asyncio\n"}, "service/runtime/x.py") == set()
+
+
+def test_the_model_processes_reaching_the_engine_are_caught():
+    files = {
+        "service/runtime/workers/x.py": "from service.runtime.workers.backend import LoadSpec\n"
+        "from service.runtime.batcher import Batcher\n"
+    }
+    found = planted(files, "service/runtime/workers/x.py")
+    assert ("workers-know-no-engine", "service/runtime/workers/x.py", "service.runtime.batcher") in found
+    files = {"service/runtime/workers/x.py": "from service.runtime.layout import quiet_gc\n"}  # its closure: not passed
+    assert planted(files, "service/runtime/workers/x.py") == set()
 
 
 def test_the_engine_as_it_is_reaches_no_http():
@@ -339,10 +354,10 @@ def test_http_past_the_engine_or_onto_torch_is_caught():
             "from model.levels import unit_score\n"  # torch-free: fine
             "from service.http.y import f\n"
         ),
-        "service/http/y.py": "from service.runtime.worker import Worker\nimport torch\n",
+        "service/http/y.py": "from service.runtime.workers.worker import Worker\nimport torch\n",
     }
     found = planted(files, "service/http/x.py")
-    assert ("http-goes-through-the-engine", "service/http/x.py", "service.runtime.worker") in found
+    assert ("http-goes-through-the-engine", "service/http/x.py", "service.runtime.workers.worker") in found
     assert ("http-goes-through-the-engine", "service/http/x.py", "torch") in found
     assert not any(what == "service.runtime.engine" for _, _, what in found)
 

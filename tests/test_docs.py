@@ -86,6 +86,30 @@ def test_the_readme_is_short_and_its_two_commands_are_the_ones_that_work():
         assert (ROOT / link).exists(), f"README links to {link}, which does not exist"
 
 
+# A script path as the documents name it: bench/…py or lab/…py, not part of a longer path (docs/bench/…).
+SCRIPT_PATH = re.compile(r"(?<![\w/.-])((?:bench|lab)/[\w/.-]*?\.py)\b")
+
+
+def script_paths(text: str) -> set[str]:
+    return set(SCRIPT_PATH.findall(text))
+
+
+def test_every_script_the_documents_name_exists():
+    """A study moved to lab/ is named by its lab/ path, a harness module by bench/harness/'s."""
+    documents = ["README.md", "CONTRIBUTING.md", "bench/README.md", "lab/README.md"]
+    documents += sorted(p.relative_to(ROOT).as_posix() for p in (ROOT / "docs").glob("*.md"))
+    missing = sorted(
+        f"{doc}: {path}" for doc in documents for path in script_paths(read(doc)) if not (ROOT / path).is_file()
+    )
+    assert not missing, "documents name scripts that do not exist:\n" + "\n".join(missing)
+
+
+def test_the_script_path_rule_finds_what_a_reader_would_follow():
+    text = "run `python bench/load.py`, see lab/level1_cut.py (docs/bench/cpu/x.py is data; bench/harness/live.py)"
+    assert script_paths(text) == {"bench/load.py", "lab/level1_cut.py", "bench/harness/live.py"}
+    assert script_paths("the old bench/level1_cut.py") == {"bench/level1_cut.py"}  # gone: the test above names it
+
+
 def test_the_changelog_has_one_group_of_each_kind_per_release_and_no_internal_numbers():
     text = read("CHANGELOG.md")
     releases = re.split(r"^## ", text, flags=re.M)[1:]

@@ -2,7 +2,7 @@
 request, no batching across requests. It accepts the body of qtrel's `POST /score` (one query with
 titles, or pairs) and answers levels and expected-level scores.
 
-  python bench/naive_server.py --model DIR --port 8091 --threads 2
+  python bench/harness/naive_server.py --model DIR --port 8091 --threads 2
 """
 
 from __future__ import annotations

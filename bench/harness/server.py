@@ -125,7 +125,7 @@ class Server:
 def qtrel_command(model_dir: Path, port: int, dtype: str = "auto", extra: list[str] | None = None) -> list[str]:
     """`qtrel serve` with its default layout of model processes and threads unless `extra` says otherwise, and
     the score cache off: these loads replay the same bodies window after window, so with the cache they
-    would measure its hits, not the forward path (bench/cache_replay.py measures the cache)."""
+    would measure its hits, not the forward path (lab/cache_replay.py measures the cache)."""
     exe = Path(sys.executable).with_name("qtrel")
     return [
         str(exe) if exe.exists() else "qtrel",

@@ -200,7 +200,7 @@ def use_fused_norms(module: nn.Module, dtype: torch.dtype) -> bool:
     """Turn on the packed forward's fused residual add + LayerNorm (`model.engines.fused.add_layer_norm`) in
     every layer where the library is built and computes `dtype` and the norms' shapes; say whether it is on.
     No probe: on Sapphire Rapids the op ran 2.1-2.6x torch's two in bfloat16 at 216-830 rows (1.1x at 32), the
-    whole 1-thread forward 1.06-1.07x (bench/norm_ab.py, docs/benchmarks.md)."""
+    whole 1-thread forward 1.06-1.07x (lab/norm_ab.py, docs/benchmarks.md)."""
     built, _ = fused.available()
     layers = [m for m in module.modules() if isinstance(m, PackedLayer)]
     on = built and all(fused.norm_supports(n, dtype) for m in layers for n in (m.attn_norm, m.ffn_norm))

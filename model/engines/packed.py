@@ -25,7 +25,7 @@ from model.packing import AttentionGroup, Packing, pack, token_bucket
 # In float32 arithmetic the fused kernel attends the pairs of at most this many tokens, longer ones per group
 # (model.engines.kernels.fused_max_tokens: its AMX and AVX512-BF16 paths take every pair). On a Zen 3
 # (float32, one layer's attention) it ran 1.09x torch's flash kernel at 64 tokens, 0.93x at 256, 0.81x at 512:
-# that kernel blocks long rows for the cache. On a Zen 4 the whole forward: 0.91x at 512 (bench/long_pairs.py).
+# that kernel blocks long rows for the cache. On a Zen 4 the whole forward: 0.91x at 512 (lab/long_pairs.py).
 FUSED_MAX_TOKENS = 192
 # `math_attention` only on blocks of fewer keys: from 64 on, torch's flash kernel ran the whole bfloat16 forward
 # 1.2-1.3x faster (2.2x at 512 tokens), below it 0.91-0.93x (AMD EPYC Zen 4, 1 and 2 threads; docs/benchmarks.md)

@@ -5,26 +5,29 @@ which cost ~0.18 of the HTTP process's ~0.47 ms of CPU per one-pair request (ben
 Same endpoint, same body model, same error map. The lane takes only what it can hand over exactly as
 FastAPI would: a JSON body that validates, headers it reads without doubt. Anything else (a body that does
 not parse or validate, a repeated or odd header, a content type other than JSON) goes the whole FastAPI
-way, so every refusal of a malformed request is FastAPI's own. A route is in the lane only when its
-endpoint takes exactly the scoring routes' parameters and no dependency but the API key
-(`routes_of`): a route given anything new drops out of the lane, not into a half-served state."""
+way, so every refusal of a malformed request is FastAPI's own. The lane's routes are declared (`LANE`: path,
+body model, endpoint); building the app checks each against the route FastAPI serves there (the same
+endpoint, taking exactly the lane's parameters, no dependency but the API key) and refuses to start on a
+mismatch, so a route given anything new is never served half-resolved. It reads FastAPI's routes with
+`fastapi.routing.iter_route_contexts` and leaves requests carrying FastAPI's own telemetry to FastAPI:
+FastAPI internals, hence the pinned range in pyproject.toml."""
 
 from __future__ import annotations
 
 import json
 import typing
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-import fastapi.routing
 from fastapi import FastAPI, Request
-from fastapi.routing import APIRoute
+from fastapi.routing import APIRoute, iter_route_contexts
 from pydantic import BaseModel, ValidationError
 from starlette.responses import Response
 
-from service.http import deps
+from service.http import cohere, deps, routes
 from service.http.errors import response_to
+from service.http.schemas import PredictRequest, RerankRequest, ScoreRequest
 
 Endpoint = Callable[..., Awaitable[Response]]
 # The scoring routes' parameters (service.http.routes.score and its peers), each with what the lane passes.
@@ -43,42 +46,66 @@ MAX_BRACKETS = 900
 
 
 @dataclass(frozen=True)
+class Declared:
+    """A route the lane serves: its POST path, its body model and its endpoint."""
+
+    path: str
+    body: type[BaseModel]
+    endpoint: Endpoint
+
+
+# The lane's routes. A scoring route joins by a line here, once its endpoint takes exactly PARAMS and `body`.
+LANE = (
+    Declared("/score", ScoreRequest, routes.score),
+    Declared("/predict", PredictRequest, routes.predict),
+    Declared("/rerank", RerankRequest, routes.rerank),
+    Declared("/v1/rerank", cohere.CompatRerankRequest, cohere.rerank_v1),
+    Declared("/v2/rerank", cohere.CompatRerankRequest, cohere.rerank_v2),
+)
+
+
+class LaneMismatch(ValueError):
+    """A declared lane route that the app serves otherwise than the lane would (a bug: the app does not start)."""
+
+
+@dataclass(frozen=True)
 class LaneRoute:
     body: type[BaseModel]
     endpoint: Endpoint
     keyed: bool  # the API key is required (the router's require_api_key)
 
 
-def routes_of(app: FastAPI) -> dict[str, LaneRoute]:
-    """The POST routes the lane can serve: path -> route."""
+def routes_of(app: FastAPI, declared: Iterable[Declared] = LANE) -> dict[str, LaneRoute]:
+    """The declared routes this app serves, checked against FastAPI's: path -> route. A declared path the app
+    does not serve is left out; one it serves otherwise raises LaneMismatch."""
+    served = {
+        c.path: c
+        for c in iter_route_contexts(app.routes)
+        if isinstance(c.original_route, APIRoute) and c.methods == {"POST"}
+    }
     out: dict[str, LaneRoute] = {}
-    for r in _routes(app):
-        if r.methods == {"POST"} and "{" not in r.path and (lane := _lane_route(r)) is not None:
-            out[r.path] = lane
+    for d in declared:
+        if (route := served.get(d.path)) is not None:
+            out[d.path] = _checked(d, route)
     return out
 
 
-def _routes(app: FastAPI) -> list[Any]:
-    """Every API route with the dependencies its routers add (newer FastAPI includes routers lazily, and lists
-    their routes with `iter_route_contexts`; older keeps `APIRoute`s in `app.routes`)."""
-    contexts = getattr(fastapi.routing, "iter_route_contexts", None)
-    found = list(contexts(app.routes)) if contexts is not None else app.routes
-    return [r for r in found if isinstance(getattr(r, "original_route", r), APIRoute)]
+def _checked(d: Declared, route: Any) -> LaneRoute:
+    def mismatch(why: str) -> LaneMismatch:
+        return LaneMismatch(f"fast lane route POST {d.path}: {why} (service.http.fast.LANE)")
 
-
-def _lane_route(r: Any) -> LaneRoute | None:
-    try:
-        hints = typing.get_type_hints(r.endpoint, include_extras=True)
-    except (NameError, TypeError):
-        return None
+    if route.endpoint is not d.endpoint:
+        raise mismatch(f"FastAPI serves {route.endpoint.__qualname__} there, not {d.endpoint.__qualname__}")
+    hints = typing.get_type_hints(d.endpoint, include_extras=True)
     hints.pop("return", None)
-    body = hints.pop("body", None)
-    if hints != PARAMS or not (isinstance(body, type) and issubclass(body, BaseModel)):
-        return None
-    guards = {d.dependency for d in r.dependencies}
+    if hints != {"body": d.body, **PARAMS}:
+        raise mismatch(
+            f"its endpoint takes {sorted(hints)}, the lane passes body ({d.body.__name__}) and {sorted(PARAMS)}"
+        )
+    guards = {dep.dependency for dep in route.dependencies}
     if not guards <= {deps.require_api_key}:
-        return None
-    return LaneRoute(body, r.endpoint, deps.require_api_key in guards)
+        raise mismatch(f"its route has dependencies the lane does not run: {guards - {deps.require_api_key}}")
+    return LaneRoute(d.body, d.endpoint, deps.require_api_key in guards)
 
 
 class FastLane:

@@ -23,7 +23,7 @@ from service.http.schemas import Absent
 from service.jobs.api import Job, JobOptions, Jobs
 
 router = APIRouter(tags=["jobs"])  # protected by the API keys (app.PROTECTED_ROUTERS)
-UPLOAD_ROUTE = "/v1/jobs"  # its body streams past the edge middleware's buffer (app.EdgeMiddleware)
+UPLOAD_ROUTE = "/v1/jobs"  # its body streams past the edge middleware's buffer (service.http.edge)
 FIELD_BYTES = 4096  # a multipart form field other than the file
 MEDIA = {"csv": "text/csv", "jsonl": "application/x-ndjson", "parquet": "application/vnd.apache.parquet"}
 

@@ -19,7 +19,7 @@ from service.errors import ErrorKind, ServiceError
 from service.jobs.api import Job, JobOptions, format_of
 from service.jobs.checks import count_rows
 from service.jobs.store import JobStore
-from service.runtime.worker_api import ModelInfo
+from service.runtime.workers.worker_api import ModelInfo
 from service.settings import Settings
 
 log = logging.getLogger("qtrel.jobs")

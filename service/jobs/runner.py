@@ -30,7 +30,7 @@ from service.jobs.scoring import Cancelled, EngineScorer, Stopped
 from service.jobs.store import JobStore
 from service.metrics import Metrics
 from service.runtime.engine import Engine, NotReady
-from service.runtime.worker import ModelInfo
+from service.runtime.workers.worker import ModelInfo
 from service.settings import Settings
 
 log = logging.getLogger("qtrel.jobs")

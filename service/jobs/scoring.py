@@ -17,18 +17,18 @@ import numpy as np
 from model.batches import bulk_batches
 from model.bulk.io import Scores
 from model.bulk.score import score_rows
-from model.levels import CHUNK_OVERLAP, MAX_BATCH_TOKENS
+from model.levels import CHUNK_OVERLAP, MAX_BATCH_TOKENS, PairScore
 from model.tokenizer import EncodedPairs
 from service.jobs.api import Job
 from service.runtime.engine import Closed, DeadlineExceeded, Engine, NotReady, Overloaded
 from service.runtime.whole import backlog, forward_whole
-from service.runtime.worker import ModelInfo, PairOutput
+from service.runtime.workers.worker import ModelInfo
 
 PACE_S = 0.002  # how often a job looks again for room beside live traffic
 RETRY_S = 0.5  # after the model was not ready (a reload, a restart)
 
 
-async def forward_batch(engine: Engine, job: Job, batch: list[tuple[list[int], list[int]]]) -> list[PairOutput]:
+async def forward_batch(engine: Engine, job: Job, batch: list[tuple[list[int], list[int]]]) -> list[PairScore]:
     """The one place job pairs reach a model: one batch, whole. (The batcher's low-priority class would yield
     sooner, but it forms batches of its own, whose bits differ from `qtrel score`'s; a whole batch queued in
     that class would give both.)"""
@@ -82,9 +82,9 @@ class EngineScorer:
         probs = np.array([x.probs for x in outputs], dtype=np.float32)
         return expected, probs, [x.level for x in outputs]
 
-    async def forward(self, enc: EncodedPairs, batches: list[list[int]]) -> list[PairOutput]:
+    async def forward(self, enc: EncodedPairs, batches: list[list[int]]) -> list[PairScore]:
         """The batches through the engine, paced; the pairs' outputs in their order."""
-        out: list[PairOutput | None] = [None] * len(enc.lengths)
+        out: list[PairScore | None] = [None] * len(enc.lengths)
         try:
             async with asyncio.TaskGroup() as tg:
                 for batch in batches:
@@ -107,7 +107,7 @@ class EngineScorer:
                 return
             await asyncio.sleep(PACE_S)
 
-    async def _send(self, batch: list[int], enc: EncodedPairs, out: list[PairOutput | None]) -> None:
+    async def _send(self, batch: list[int], enc: EncodedPairs, out: list[PairScore | None]) -> None:
         items = [(enc.input_ids[i], enc.token_type_ids[i]) for i in batch]
         try:
             while True:

@@ -9,7 +9,7 @@ from typing import Any, Protocol
 from service.runtime.batcher import Overloaded
 from service.runtime.results import Scored, Tokenized
 from service.runtime.windows import Windowed
-from service.runtime.worker_api import ModelInfo
+from service.runtime.workers.worker_api import ModelInfo
 
 
 class EngineAPI(Protocol):

@@ -2,7 +2,7 @@
 
 A key is the model's name and load generation, the truncation mode and side, `max_length`, the query and
 the title: the same key always means the same token ids through the same weights, so a hit returns exactly
-what a forward would. The value is the pair's `PairOutput` (logits, probabilities, level, expected level)
+what a forward would. The value is the pair's `PairScore` (logits, probabilities, level, expected level)
 with its token count and truncation flag, packed into one `bytes` of doubles: floats round-trip bit for
 bit, and an entry costs ~330 bytes plus its texts instead of ~1 KB of Python lists and floats.
 
@@ -17,7 +17,7 @@ import sys
 from collections import OrderedDict
 from dataclasses import dataclass
 
-from service.runtime.worker_api import PairOutput
+from model.levels import PairScore
 
 # What an entry costs beyond its texts and packed value, measured with tracemalloc on 100k entries (201
 # bytes; tests/service/runtime/test_cache.py holds the charge to the traced memory): the key tuple (7
@@ -35,7 +35,7 @@ def make_key(model: str, generation: int, truncation: str, side: str, max_length
 class Cached:
     """A pair as the model scored it, and as the tokenizer saw it."""
 
-    output: PairOutput
+    output: PairScore
     length: int  # tokens, special tokens included
     truncated: bool
 
@@ -113,7 +113,7 @@ class ScoreCache:
     def _unpack(self, packed: bytes) -> Cached:
         k = (len(packed) - 5) // 16
         vals = self._fmts[k].unpack(packed)
-        out = PairOutput(list(vals[:k]), list(vals[k : 2 * k]), vals[2 * k + 1], vals[2 * k])
+        out = PairScore(list(vals[:k]), list(vals[k : 2 * k]), vals[2 * k + 1], vals[2 * k])
         return Cached(out, vals[2 * k + 2], vals[2 * k + 3])
 
 

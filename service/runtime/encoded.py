@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from model.tokenizer import EncodedPairs
-from service.runtime.backend import BackendError
+from service.runtime.workers.backend import BackendError
 
 
 @dataclass(frozen=True)

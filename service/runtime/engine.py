@@ -24,7 +24,6 @@ from typing import Any
 from service.logs import request_id
 from service.metrics import Metrics
 from service.runtime.api import EngineAPI
-from service.runtime.backend import BackendError, NotReady
 from service.runtime.batcher import HIGH, Closed, DeadlineExceeded, Overloaded, priority_of
 from service.runtime.cache import Cached, Key, ScoreCache, make_key
 from service.runtime.encoded import Encoded, Stale
@@ -35,7 +34,8 @@ from service.runtime.results import InferenceFailed, InputTooLong, Scored, Token
 from service.runtime.scoring import FrameSide, describe_error
 from service.runtime.texts import INLINE_PAIRS, TextSide
 from service.runtime.windows import TooManyWindows, Windowed, WindowPick
-from service.runtime.worker import ModelInfo
+from service.runtime.workers.backend import BackendError, NotReady
+from service.runtime.workers.worker import ModelInfo
 from service.settings import Settings
 from service.tracing import Tracing
 

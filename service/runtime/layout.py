@@ -14,7 +14,7 @@ from pathlib import Path
 
 from model.builtin import resolve_model
 from model.device import resolve_device_name, resolve_dtype
-from service.runtime.backend import LoadSpec
+from service.runtime.workers.backend import LoadSpec
 from service.settings import Settings
 
 

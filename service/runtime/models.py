@@ -18,13 +18,13 @@ from pathlib import Path
 
 from model.builtin import resolve_model
 from service.metrics import Metrics
-from service.runtime.backend import NotReady, State
 from service.runtime.batcher import Batcher, Overloaded
 from service.runtime.layout import memory_available, package_version, resolve_runtime, usable_cores
 from service.runtime.pace import Pace
 from service.runtime.shadow import Shadow
 from service.runtime.slot import ModelNotFound, ReloadBusy, ReloadFailed, Served, Slot
-from service.runtime.worker import Worker
+from service.runtime.workers.backend import NotReady, State
+from service.runtime.workers.worker import Worker
 from service.settings import ModelEntry, Settings, parse_entry, parse_models
 from service.tracing import Tracing
 

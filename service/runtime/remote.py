@@ -15,18 +15,19 @@ import os
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from model.levels import PairScore
 from model.tokenizer import PairTokenizer
 from service.logs import request_id
 from service.metrics import Metrics
 from service.metrics_merge import samples
-from service.runtime.backend import BackendError, NotReady
 from service.runtime.batcher import Closed, DeadlineExceeded, Overloaded
 from service.runtime.encoded import Stale
 from service.runtime.models import ModelNotFound, ReloadBusy, ReloadFailed
 from service.runtime.results import InferenceFailed, InputTooLong, Scored
 from service.runtime.texts import TextSide
 from service.runtime.wire import Channel, error_classes, load_error
-from service.runtime.worker_api import ModelInfo, PairOutput
+from service.runtime.workers.backend import BackendError, NotReady
+from service.runtime.workers.worker_api import ModelInfo
 from service.settings import Settings
 from service.tracing import Tracing
 
@@ -239,7 +240,7 @@ class RemoteEngine(TextSide):
                 if self._model_state(model)["generation"] == generation:  # the new state is on its way
                     await asyncio.wait_for(changed.wait(), STATE_WAIT_S)
                 continue
-            return Scored([PairOutput(*o) for o in outs], lengths, cut, labels, served)
+            return Scored([PairScore(*o) for o in outs], lengths, cut, labels, served)
         raise NotReady(f"model {model or 'default'} is being reloaded")
 
     async def explain(self, query: str, title: str, model: str | None = None, **options) -> dict:

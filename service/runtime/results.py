@@ -6,14 +6,14 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from model.levels import PairScore
 from model.tokenizer import EncodedPairs, PairCut
-from service.runtime.backend import BackendError
-from service.runtime.worker_api import PairOutput
+from service.runtime.workers.backend import BackendError
 
 
 @dataclass
 class Scored:
-    outputs: list[PairOutput]
+    outputs: list[PairScore]
     lengths: list[int]  # per pair, its tokens (special tokens included)
     truncated: list[bool]  # per pair, whether truncation cut it
     labels: list[str]  # the model's levels, in class order

@@ -19,12 +19,12 @@ from collections.abc import Callable
 from typing import Any
 
 from service.metrics import Metrics
-from service.runtime.backend import BackendError
 from service.runtime.batcher import HIGH, Batcher, Closed, DeadlineExceeded, Overloaded, priority_of
 from service.runtime.cache import Cached, Key, ScoreCache, make_key
 from service.runtime.encoded import Encoded, Stale
 from service.runtime.flight import Flight, Flights
 from service.runtime.results import InferenceFailed, InputTooLong, Scored
+from service.runtime.workers.backend import BackendError
 from service.settings import Settings
 
 Reply = Callable[[BaseException | None, Scored | None], None]  # (error, or None and the answer)

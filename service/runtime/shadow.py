@@ -22,8 +22,8 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
 from service.metrics import Metrics
-from service.runtime.backend import State
 from service.runtime.slot import Served, Slot
+from service.runtime.workers.backend import State
 
 if TYPE_CHECKING:
     from service.runtime.results import Scored

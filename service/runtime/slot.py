@@ -20,10 +20,10 @@ import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 
-from service.runtime.backend import BackendError, NotReady, State
 from service.runtime.batcher import Batcher
 from service.runtime.layout import Runtime
-from service.runtime.worker import ModelInfo, Worker
+from service.runtime.workers.backend import BackendError, NotReady, State
+from service.runtime.workers.worker import ModelInfo, Worker
 from service.settings import ModelEntry
 
 log = logging.getLogger("qtrel.models")

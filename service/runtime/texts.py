@@ -16,7 +16,7 @@ from model.windows import split_pairs
 from service.metrics import Metrics
 from service.runtime.results import Scored, Tokenized
 from service.runtime.windows import TooManyWindows, Windowed, flatten, reduce
-from service.runtime.worker_api import ModelInfo
+from service.runtime.workers.worker_api import ModelInfo
 from service.settings import Settings
 from service.tracing import Tracing
 

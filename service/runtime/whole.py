@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import time
 
+from model.levels import PairScore
 from service.runtime.batching import HIGH, LOW
 from service.runtime.engine import Engine, InferenceFailed
-from service.runtime.worker_api import PairOutput
 
 
 def backlog(engine: Engine, model: str | None = None) -> tuple[int, int, int]:
@@ -20,7 +20,7 @@ def backlog(engine: Engine, model: str | None = None) -> tuple[int, int, int]:
 
 async def forward_whole(
     engine: Engine, batch: list[tuple[list[int], list[int]]], model: str | None = None
-) -> list[PairOutput]:
+) -> list[PairScore]:
     """One batch of (input_ids, token_type_ids) forwarded whole on one of the model's processes; raises as
     `Engine.score` does (NotReady, InferenceFailed...)."""
     served = engine.require_ready(model)
@@ -29,4 +29,4 @@ async def forward_whole(
     errors = [o for o in out if isinstance(o, Exception)]
     if errors:
         raise InferenceFailed(f"inference failed: {errors[0]}") from errors[0]
-    return [o for o in out if isinstance(o, PairOutput)]
+    return [o for o in out if isinstance(o, PairScore)]

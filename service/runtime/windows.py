@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from model.levels import PairScore
 from model.windows import Window, best
-from service.runtime.worker_api import PairOutput
 
 
 @dataclass(frozen=True, slots=True)
@@ -24,7 +24,7 @@ class WindowPick:
 
 @dataclass
 class Windowed:
-    outputs: list[PairOutput]  # per document, its best window's scores
+    outputs: list[PairScore]  # per document, its best window's scores
     lengths: list[int]  # per document, its best window's tokens (special tokens included)
     truncated: list[bool]
     picks: list[WindowPick]
@@ -50,7 +50,7 @@ def flatten(queries: list[str], docs: list[list[Window]]) -> tuple[list[str], li
 
 
 def reduce(
-    outputs: list[PairOutput],
+    outputs: list[PairScore],
     lengths: list[int],
     truncated: list[bool],
     docs: list[list[Window]],

@@ -29,13 +29,14 @@ def test_titles_from_other_shops_are_graded_unrelated(shipped):
     with OFF_DOMAIN.open(encoding="utf-8") as f:
         pairs = [(r["query"], r["title"]) for r in csv.DictReader(f)]
     got = shipped.predict(pairs)
-    bad = [(q, t, p.level, round(p.score, 2)) for (q, t), p in zip(pairs, got) if p.level not in ("1", "2")]
+    levels = [shipped.labels[p.level] for p in got]
+    bad = [(q, t, lv, round(p.expected, 2)) for (q, t), p, lv in zip(pairs, got, levels) if lv not in ("1", "2")]
     # Of the 100, v3 grades 99 at level 1-2 (default and pruned), the last at 3 ("Wireless computer mouse"
     # for "door lock": 3.34 / 3.55); v2.1 graded 98 and 97 (docs/model-card.md; issue 23 asks for all 100)
     assert len(pairs) == 100 and len(bad) <= 3, bad
-    assert all(p.level in ("1", "2", "3") for p in got), bad  # none at 4-5, whatever the model's cut points
+    assert all(lv in ("1", "2", "3") for lv in levels), bad  # none at 4-5, whatever the model's cut points
     # the level-1 cut (set from sampled negatives) puts 92 (default) and 93 (pruned) at level 1; v2.1 87 / 88
-    assert sum(p.level == "1" for p in got) >= 85
+    assert sum(lv == "1" for lv in levels) >= 85
 
 
 def test_the_off_domain_set_spans_the_domains_and_is_not_in_the_training_data():
@@ -54,7 +55,8 @@ def test_the_quick_start_example(shipped):
     drill, hose = shipped.predict(
         [("cordless drill", "DEWALT 20V MAX Cordless Drill/Driver Kit"), ("cordless drill", "50 ft. Garden Hose")]
     )
-    assert drill.level in ("4", "5") and hose.level in ("1", "2") and drill.score > hose.score + 1.0
+    levels = shipped.labels[drill.level], shipped.labels[hose.level]
+    assert levels[0] in ("4", "5") and levels[1] in ("1", "2") and drill.expected > hose.expected + 1.0
 
 
 def test_the_level_rule_is_stored_and_every_level_is_used_on_dev(shipped):

@@ -143,8 +143,8 @@ def test_openvino_is_not_asked_for_where_it_cannot_serve(tiny_checkpoint):
 
 TORCH_ONLY = r"""
 import json, sys
-from service.runtime.backend import LoadSpec
-from service.runtime.runner import forward_batch, load_model, start_inference
+from service.runtime.workers.backend import LoadSpec
+from service.runtime.workers.runner import forward_batch, load_model, start_inference
 spec = LoadSpec(sys.argv[1], threads=1, inference="torch")
 model = load_model(spec)
 start_inference(model, spec)

@@ -73,7 +73,7 @@ def test_level_rule_round_trips_through_save_and_load_and_is_applied(tiny_checkp
     tok = PairTokenizer.from_dir(tiny_checkpoint)
     plain = RelevanceModel(load_module(tiny_checkpoint), tok)
     pairs = read_pairs(40)
-    expected = torch.tensor([p.score for p in plain.predict(pairs)])
+    expected = torch.tensor([p.expected for p in plain.predict(pairs)])
     # cut points at the quartiles of this model's scores: every level but one used, in score order
     q = torch.quantile(expected, torch.tensor([0.25, 0.5, 0.75])).tolist()
     cuts = (float(expected.min()) - 1.0, *q)
@@ -83,6 +83,6 @@ def test_level_rule_round_trips_through_save_and_load_and_is_applied(tiny_checkp
         m = RelevanceModel.load(tmp_path / "cut", onednn=fast, unpadded=fast)
         assert m.rule.cuts == pytest.approx(cuts, abs=1e-6) and m.describe()["level_rule"] != "argmax"
         got = m.predict(pairs)
-        want = LevelRule(tuple(m.rule.cuts)).levels(torch.empty(0), torch.tensor([p.score for p in got]))
-        assert [p.level for p in got] == [m.labels[i] for i in want.tolist()]
-        assert {p.level for p in got} == {"2", "3", "4", "5"}
+        want = LevelRule(tuple(m.rule.cuts)).levels(torch.empty(0), torch.tensor([p.expected for p in got]))
+        assert [p.level for p in got] == want.tolist()
+        assert {m.labels[p.level] for p in got} == {"2", "3", "4", "5"}

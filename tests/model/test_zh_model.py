@@ -42,11 +42,12 @@ def test_chinese_pairs_grade_sensibly(zh):
     got = zh.predict(list(zip(queries, titles)))
     for i, (q, _, _) in enumerate(PAIRS):
         good, bad = got[2 * i], got[2 * i + 1]
-        assert good.score > bad.score + 0.5, (q, good.score, bad.score)
+        assert good.expected > bad.expected + 0.5, (q, good.expected, bad.expected)
         # QBQTC's titles were retrieved for their queries, so its "poor" pairs are still near the topic: an
         # unrelated title grades 1 or 2 (1.1-1.7 here), a title that answers the query 2-3 (2.4-2.9)
-        assert good.level in ("2", "3") and bad.level in ("1", "2") and bad.score < 2.0, (q, good.level, bad.level)
-    assert sum(got[i].level == "1" for i in range(1, len(got), 2)) >= 2
+        good_level, bad_level = zh.labels[good.level], zh.labels[bad.level]
+        assert good_level in ("2", "3") and bad_level in ("1", "2") and bad.expected < 2.0, (q, good_level, bad_level)
+    assert sum(zh.labels[got[i].level] == "1" for i in range(1, len(got), 2)) >= 2
     shares = zh.tokenizer.unknown_shares(queries, titles)
     assert max(shares) == 0.0  # every character here is in its vocabulary
 
@@ -56,7 +57,7 @@ def test_heldout_metrics_are_reproduced_on_a_sample(zh):
     _, held = split(pairs)
     sample = held[:SAMPLE]
     got = zh.predict([(p["query"], p["title"]) for p in sample])
-    y, pred = [p["label"] for p in sample], [int(g.level) - 1 for g in got]
+    y, pred = [p["label"] for p in sample], [int(zh.labels[g.level]) - 1 for g in got]
     recorded = json.loads((builtin_dir("zh") / "config.json").read_text(encoding="utf-8"))["qtrel_heldout"]
     assert recorded["pairs"] == len(held) == 4449
     # a sample of 600 moves accuracy by about +-0.02 (one standard error) around the whole split's

@@ -41,9 +41,10 @@ def test_score_writes_the_scores_and_resumes(tiny_checkpoint, tmp_path, capsys):
         rows = list(csv.DictReader(f))
     assert list(rows[0]) == ["search", "product", "level", "pred_level", "pred_score",
                              *(f"pred_p_{x}" for x in "12345")]  # fmt: skip
-    expected = RelevanceModel.load(tiny_checkpoint).predict(PAIRS)
-    assert [r["pred_level"] for r in rows] == [e.level for e in expected]
-    assert all(abs(float(r["pred_score"]) - e.score) < 1e-5 for r, e in zip(rows, expected))
+    m = RelevanceModel.load(tiny_checkpoint)
+    expected = m.predict(PAIRS)
+    assert [r["pred_level"] for r in rows] == [m.labels[e.level] for e in expected]
+    assert all(abs(float(r["pred_score"]) - e.expected) < 1e-5 for r, e in zip(rows, expected))
 
     full = out.read_bytes()
     rc, _, err = _run(capsys, *args)

@@ -69,8 +69,8 @@ def assert_matches_predict(model: RelevanceModel, rows: list[dict], out: list[di
     expected = model.predict([(r["query"], r["title"]) for r in rows])
     assert len(out) == len(expected)
     for o, e in zip(out, expected):
-        assert o["level"] == e.level
-        assert float(o["score"]) == pytest.approx(e.score, abs=1e-5)
+        assert o["level"] == model.labels[e.level]
+        assert float(o["score"]) == pytest.approx(e.expected, abs=1e-5)
         assert [float(o[c]) for c in SCORE_COLUMNS[2:]] == pytest.approx(e.probs, abs=1e-5)
 
 
@@ -297,14 +297,14 @@ def test_max_chunks_scores_long_titles_in_windows_and_names_the_best(model, tmp_
     (windows, short) = split_pairs(model.tokenizer, ["cordless drill", "rope"], [long, "rope 50 ft"], 5, 8)
     assert len(windows) == 5 and len(short) == 1 and summary["forwarded"] == 6  # 5 windows + 1, not 11
     by_hand = model.predict([("cordless drill", w.text) for w in windows])
-    k = max(range(5), key=lambda i: (by_hand[i].score, -i))
+    k = max(range(5), key=lambda i: (by_hand[i].expected, -i))
     for r in (out[0], out[2]):
         assert [float(r[c]) for c in columns[-4:]] == [k, 5, windows[k].start, windows[k].end]
         assert long[int(float(r["window_start"])) : int(float(r["window_end"]))] == windows[k].text
-        assert float(r["score"]) == pytest.approx(by_hand[k].score, abs=1e-5)
-        assert r["level"] == by_hand[k].level
+        assert float(r["score"]) == pytest.approx(by_hand[k].expected, abs=1e-5)
+        assert r["level"] == model.labels[by_hand[k].level]
     assert out[0] == out[2]
     assert [float(out[1][c]) for c in columns[-4:]] == [0, 1, 0, len("rope 50 ft")]
-    assert float(out[1]["score"]) == pytest.approx(model.predict([("rope", "rope 50 ft")])[0].score, abs=1e-5)
+    assert float(out[1]["score"]) == pytest.approx(model.predict([("rope", "rope 50 ft")])[0].expected, abs=1e-5)
     with pytest.raises(ValueError, match="max_chunks"):
         ScoreOptions(max_chunks=0)

@@ -71,7 +71,7 @@ def test_a_six_class_checkpoint_scores_five_levels_on_either_path(six, fast):
     p = raw.softmax(-1)
     torch.testing.assert_close(probs, torch.cat([p[:, :1] + p[:, 5:], p[:, 1:5]], 1), atol=1e-5, rtol=0)
     values = torch.arange(1.0, 6.0)
-    torch.testing.assert_close(torch.tensor([s.score for s in scores]), probs @ values, atol=1e-4, rtol=0)
+    torch.testing.assert_close(torch.tensor([s.expected for s in scores]), probs @ values, atol=1e-4, rtol=0)
 
 
 def test_transformers_reads_the_six_classes_we_merge(six):
@@ -95,7 +95,7 @@ def test_adding_the_class_to_a_trained_head_changes_no_score(tiny_checkpoint):
     assert "qtrel_level_bias" not in module.cfg.extra  # never calibrated with a bias: nothing to extend
     after = RelevanceModel(module, RelevanceModel.load(tiny_checkpoint).tokenizer).predict(pairs)
     for b, a in zip(before, after):
-        assert a.level == b.level and a.score == pytest.approx(b.score, abs=1e-5)
+        assert a.level == b.level and a.expected == pytest.approx(b.expected, abs=1e-5)
         assert a.probs == pytest.approx(b.probs, abs=1e-6)
 
 
@@ -178,4 +178,4 @@ def test_an_explanation_of_a_six_class_head_grades_five_levels(six):
     out = explain_pair(m, q, t, attention=True)
     (want,) = m.predict([(q, t)])
     assert out["labels"] == m.labels and len(out["probs"]) == 5
-    assert out["score"] == pytest.approx(want.score, abs=1e-3) and out["level"] == want.level
+    assert out["score"] == pytest.approx(want.expected, abs=1e-3) and out["level"] == m.labels[want.level]

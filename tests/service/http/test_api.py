@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import random
 from pathlib import Path
+from types import SimpleNamespace
 
 import httpx
 import pytest
@@ -15,9 +16,15 @@ from tests.service.conftest import live_server, run
 
 
 def reference_scores(model_dir, pairs):
-    """Each pair scored alone, unbatched: what the service must return whatever the batch was."""
+    """Each pair scored alone, unbatched: what the service must return whatever the batch was (its level's
+    label, expected level as `score`, probabilities, tokens and truncation, as the service answers them)."""
     m = RelevanceModel.load(model_dir)
-    return [m.predict([p])[0] for p in pairs]
+    out = []
+    for p in pairs:
+        (s,), enc = m.predict([p]), m.encode([p])
+        level, tokens, truncated = m.labels[s.level], enc.lengths[0], enc.truncated[0]
+        out.append(SimpleNamespace(level=level, score=s.expected, probs=s.probs, tokens=tokens, truncated=truncated))
+    return out
 
 
 def test_score_matches_unbatched_forward_under_concurrency(server, tiny_checkpoint):
@@ -384,7 +391,7 @@ def test_health_info_metrics(server):
 def test_readiness_before_warmup_and_during_drain(tiny_checkpoint, monkeypatch):
     import threading
 
-    from service.runtime import runner
+    from service.runtime.workers import runner
 
     gate = threading.Event()
     original = runner.load_model

@@ -14,9 +14,9 @@ from fastapi import Depends, FastAPI, Request
 
 from service.app import create_app
 from service.http import deps
-from service.http.fast import routes_of
-from service.http.routes import score
-from service.http.schemas import ScoreRequest
+from service.http.fast import Declared, LaneMismatch, routes_of
+from service.http.routes import predict, score
+from service.http.schemas import PredictRequest, ScoreRequest
 from service.settings import Settings
 from tests.service.conftest import LiveServer, free_port, live_server
 
@@ -156,8 +156,9 @@ async def other_dependency() -> None:
     pass
 
 
-def test_a_route_with_another_parameter_or_dependency_is_left_to_fastapi():
-    app = FastAPI()
+def test_only_declared_routes_are_in_the_lane_and_a_mismatch_stops_the_app():
+    """The lane's routes are declared (fast.LANE), never inferred: a route of the right shape that is not
+    declared stays FastAPI's; a declared route that FastAPI serves otherwise refuses to build the lane."""
 
     async def one_more(
         body: ScoreRequest,
@@ -170,11 +171,24 @@ def test_a_route_with_another_parameter_or_dependency_is_left_to_fastapi():
         timeout_ms: deps.TimeoutHeader = None,
     ): ...
 
+    app = FastAPI()
     app.post("/exact")(score)  # the real /score endpoint
+    app.post("/same-shape")(score)  # not declared
     app.post("/one-more")(one_more)
     app.post("/guarded", dependencies=[Depends(other_dependency)])(score)
     app.put("/put")(score)
-    assert set(routes_of(app)) == {"/exact"}
+    exact = Declared("/exact", ScoreRequest, score)
+    assert set(routes_of(app, [exact, Declared("/absent", ScoreRequest, score)])) == {"/exact"}
+    assert routes_of(app, []) == {}
+    for wrong, why in [
+        (Declared("/exact", PredictRequest, score), "takes"),  # another body than the endpoint's
+        (Declared("/exact", ScoreRequest, predict), "serves"),  # another endpoint than FastAPI's
+        (Declared("/one-more", ScoreRequest, one_more), "takes"),
+        (Declared("/guarded", ScoreRequest, score), "dependencies"),
+    ]:
+        with pytest.raises(LaneMismatch, match=why):
+            routes_of(app, [wrong])
+    assert routes_of(app, [Declared("/put", ScoreRequest, score)]) == {}  # not a POST route: not served
 
 
 def test_dependency_overrides_send_every_request_fastapis_way(tiny_checkpoint):

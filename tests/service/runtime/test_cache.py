@@ -11,10 +11,10 @@ import tracemalloc
 
 import pytest
 
+from model.levels import PairScore
 from service.runtime.cache import Cached, ScoreCache, make_key
 from service.runtime.engine import DeadlineExceeded, Engine, InputTooLong
 from service.runtime.flight import Flight, Flights
-from service.runtime.worker_api import PairOutput
 from tests.conftest import read_pairs
 from tests.service.runtime.test_engine import make_engine, served
 
@@ -28,7 +28,7 @@ def output(rng: random.Random) -> Cached:
     logits = [rng.uniform(-9, 9) for _ in range(5)]
     probs = [rng.random() for _ in range(5)]
     return Cached(
-        PairOutput(logits, probs, rng.randrange(5), rng.uniform(1, 5)), rng.randint(3, 128), rng.random() < 0.5
+        PairScore(logits, probs, rng.randrange(5), rng.uniform(1, 5)), rng.randint(3, 128), rng.random() < 0.5
     )
 
 

@@ -11,8 +11,8 @@ from model.relevance import RelevanceModel
 from service.app import build_engine
 from service.http.schemas import Info
 from service.metrics import Metrics
-from service.runtime.backend import State
 from service.runtime.engine import INLINE_PAIRS, Engine, InputTooLong, NotReady, Overloaded
+from service.runtime.workers.backend import State
 from service.settings import Settings
 from tests.conftest import read_pairs
 
@@ -77,10 +77,10 @@ def test_scores_match_the_model_alone_inline_and_on_the_tokeniser_thread(tiny_ch
     few, many = served(make_engine(tiny_checkpoint), body)
     for scored, n in ((few, 2), (many, len(pairs))):
         assert len(scored.outputs) == n
-        for out, ref_score, tokens in zip(scored.outputs, want, scored.lengths):
+        for out, ref_score, tokens, pair in zip(scored.outputs, want, scored.lengths, pairs):
             assert out.probs == pytest.approx(ref_score.probs, abs=1e-5)
-            assert out.expected == pytest.approx(ref_score.score, abs=1e-5)
-            assert scored.labels[out.level] == ref_score.level and tokens == ref_score.tokens
+            assert out.expected == pytest.approx(ref_score.expected, abs=1e-5)
+            assert out.level == ref_score.level and tokens == ref.encode([pair]).lengths[0]
 
 
 def test_admission_and_truncation_are_refused_with_their_kinds(tiny_checkpoint):

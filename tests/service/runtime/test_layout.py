@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from service.runtime.backend import LoadSpec
 from service.runtime.layout import Runtime, resolve_runtime
+from service.runtime.workers.backend import LoadSpec
 from service.settings import Settings
 
 

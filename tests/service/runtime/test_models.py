@@ -9,7 +9,7 @@ from service.metrics import Metrics
 from service.runtime import models as models_module
 from service.runtime.layout import memory_available
 from service.runtime.models import ModelNotFound, Models
-from service.runtime.worker import Worker
+from service.runtime.workers.worker import Worker
 from service.settings import Settings
 
 

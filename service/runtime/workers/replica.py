@@ -1,5 +1,5 @@
 """A replica: one backend and the thread that alone drives it, and the policy by which it replaces a
-model process that keeps dying. The worker (`service.runtime.worker`) runs one replica per model instance."""
+model process that keeps dying. The worker (`service.runtime.workers.worker`) runs one replica per model instance."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from service.runtime.backend import Backend, Forward, Job, LoadFailed, ProcessDied, State, StateMachine
+from service.runtime.workers.backend import Backend, Forward, Job, LoadFailed, ProcessDied, State, StateMachine
 
 log = logging.getLogger("qtrel.worker")
 

@@ -12,11 +12,11 @@ import time
 
 import pytest
 
-from service.runtime.backend import LoadFailed, LoadSpec, ModelError, ProcessDied
-from service.runtime.backend import State as WorkerState
-from service.runtime.worker import RestartPolicy, Worker
-from tests.service.runtime.jobs import POISON
-from tests.service.runtime.test_worker import Restarts, three_pairs
+from service.runtime.workers.backend import LoadFailed, LoadSpec, ModelError, ProcessDied
+from service.runtime.workers.backend import State as WorkerState
+from service.runtime.workers.worker import RestartPolicy, Worker
+from tests.service.runtime.workers.hooked import POISON, die_on_poison, hooked
+from tests.service.runtime.workers.test_worker import Restarts, three_pairs
 
 
 async def new_pid(w: Worker, old: set[int], timeout: float = 30) -> int:
@@ -120,8 +120,7 @@ def test_a_poison_pair_fails_alone_and_its_batch_mates_are_scored(tiny_checkpoin
     for). It is retried, then split until the poison pair is alone: only it fails; the other seven get
     the scores they get without it, and the model process is restarted a bounded number of times."""
     obs = Restarts()
-    spec = LoadSpec(str(tiny_checkpoint), warmup=False, fault_hook="tests.service.runtime.jobs:die_on_poison")
-    w = Worker(spec, observer=obs)
+    w = Worker(LoadSpec(str(tiny_checkpoint), warmup=False), observer=obs, backend=hooked(fault=die_on_poison))
     bad_id = POISON if fault == "dies" else 10**6
     deaths = 5 if fault == "dies" else 0  # the batch twice, then one per split level
 
@@ -164,8 +163,8 @@ def test_a_model_that_never_comes_up_fails_after_the_crash_loop_limit():
     loop's limit and fails its replica (and so the start: the server exits), instead of looping for ever."""
     import queue
 
-    from service.runtime.backend import State
-    from service.runtime.replica import Replica
+    from service.runtime.workers.backend import State
+    from service.runtime.workers.replica import Replica
 
     restarts = []
     policy = RestartPolicy(window_s=30, free=1, max_backoff_s=0.05, crash_loop=3)

@@ -1,6 +1,6 @@
 """The worker: the one owner of the model instances.
 
-It runs `replicas` backends (`service.runtime.backend`), each driven by one replica thread that takes the next
+It runs `replicas` backends (`service.runtime.workers.backend`), each driven by one replica thread that takes the next
 job from one shared queue when its model is free, so a model is never used by two callers at once. The
 event loop hands jobs over with `run` (a batch) and `job` (a named extra job, e.g. "explain") and only
 awaits. State lives in one place per part: each replica's `StateMachine`, and the worker's, which
@@ -24,13 +24,14 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from model.levels import PairScore
 from model.tokenizer import PairTokenizer
-from service.runtime.backend import (
+from service.runtime.workers.backend import (
     Backend,
     BackendError,
     Encoded,
@@ -43,14 +44,14 @@ from service.runtime.backend import (
     State,
     StateMachine,
 )
-from service.runtime.backend_process import ProcessBackend
-from service.runtime.replica import ENDING, Replica, RestartPolicy
-from service.runtime.worker_api import ModelInfo, NoObserver, PairOutput, WorkerObserver
+from service.runtime.workers.backend_process import ProcessBackend
+from service.runtime.workers.replica import ENDING, Replica, RestartPolicy
+from service.runtime.workers.worker_api import ModelInfo, NoObserver, WorkerObserver
 
 if TYPE_CHECKING:  # the model lives in the model processes: this process loads torch only in thread mode
     from model.relevance import RelevanceModel
 
-__all__ = ["ModelInfo", "PairOutput", "RestartPolicy", "Worker", "WorkerObserver"]
+__all__ = ["ModelInfo", "RestartPolicy", "Worker", "WorkerObserver"]
 
 log = logging.getLogger("qtrel.worker")
 
@@ -63,7 +64,9 @@ class Pending:
 
 class Worker:
     """Runs jobs on `replicas` model instances: child processes (`mode="process"`) or one model on a
-    thread of this process (`mode="thread"`). See the module doc."""
+    thread of this process (`mode="thread"`). `backend` makes a replica's backend from its spec and name
+    where another implementation of the contract is wanted (a test's); by default the mode's. See the
+    module doc."""
 
     def __init__(
         self,
@@ -73,6 +76,7 @@ class Worker:
         observer: WorkerObserver | None = None,
         batch_timeout_s: float | None = None,
         restarts: RestartPolicy | None = None,
+        backend: Callable[[LoadSpec, str], Backend] | None = None,
     ):
         if mode not in ("process", "thread"):
             raise ValueError(f"worker mode must be 'process' or 'thread', got {mode!r}")
@@ -92,10 +96,10 @@ class Worker:
 
         def make_backend(index: int) -> Backend:
             if mode == "thread":
-                from service.runtime.backend_thread import ThreadBackend
+                from service.runtime.workers.backend_thread import ThreadBackend
 
-                return ThreadBackend(spec)
-            return ProcessBackend(self.spec_for(index), f"qtrel-model-{index}")
+                return (backend or ThreadBackend)(spec, f"qtrel-model-{index}")
+            return (backend or ProcessBackend)(self.spec_for(index), f"qtrel-model-{index}")
 
         self._replicas = [
             Replica(i, make_backend, self._jobs, self._replica_changed, self._loaded, self._restarted, policy)
@@ -184,13 +188,13 @@ class Worker:
             self._jobs.put(Pending(message, fut))
         return fut
 
-    async def run(self, batch: Sequence[Encoded]) -> list[PairOutput | BackendError]:
+    async def run(self, batch: Sequence[Encoded]) -> list[PairScore | BackendError]:
         """Forward one batch on a model: one entry per pair, its scores, or the error of a pair that failed
         alone. A batch whose process died is retried once; one that fails again, or that the model raised
         for, is split in halves and each is tried once more, down to the single pair that fails."""
         return await self._isolating(list(batch), retry=True)
 
-    async def _isolating(self, batch: list[Encoded], retry: bool) -> list[PairOutput | BackendError]:
+    async def _isolating(self, batch: list[Encoded], retry: bool) -> list[PairScore | BackendError]:
         failure: ProcessDied | ModelError
         try:
             scores = await asyncio.wrap_future(self._submit(Forward(batch)))
@@ -207,7 +211,7 @@ class Worker:
             raise
         else:
             self._obs.forwarded(scores.seconds)
-            return [PairOutput(*row) for row in zip(scores.logits, scores.probs, scores.level, scores.expected)]
+            return [PairScore(*row) for row in zip(scores.logits, scores.probs, scores.level, scores.expected)]
         reason = "process_died" if isinstance(failure, ProcessDied) else "error"
         if len(batch) == 1:
             self._obs.batch_failed(reason)
@@ -219,8 +223,8 @@ class Worker:
         return left + right
 
     async def job(self, name: str, *args: Any, **kwargs: Any) -> Any:
-        """The named job `name` (service.runtime.runner.JOBS, or the spec's jobs) run on a model between batches;
-        arguments and result must pickle."""
+        """The named job `name` (service.runtime.workers.runner.JOBS) run on a model between batches; arguments
+        and result must pickle."""
         return await asyncio.wrap_future(self._submit(Job(name, args, kwargs)))
 
     # --- the replicas' callbacks and the watchdog ---------------------------------------------

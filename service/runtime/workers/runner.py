@@ -1,8 +1,8 @@
 """The model's side of the backend contract, the same in either backend: load, warm up, answer a message.
 
 It uses only the model's public contract (`RelevanceModel.load`, `warm_up`, `logits`, `score`,
-`describe`). Extra jobs are looked up by name in `JOBS` (or the spec's own `jobs`), so a message names
-a job and never carries a callable.
+`describe`). Extra jobs are looked up by name in `JOBS`, so a message names a job and never carries a
+callable.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import torch
 
 from model.device import resolve_device
 from model.relevance import RelevanceModel
-from service.runtime.backend import BatchScores, Encoded, Error, Forward, Job, LoadSpec, Reply, Result
+from service.runtime.workers.backend import BatchScores, Encoded, Error, Forward, Job, LoadSpec, Reply, Result
 
 log = logging.getLogger("qtrel.worker")
 
@@ -89,20 +89,19 @@ def _function(target: str) -> Callable:
     return getattr(importlib.import_module(module), attr)
 
 
-def resolve_job(spec: LoadSpec, name: str) -> Callable:
-    target = dict(spec.jobs).get(name) or JOBS.get(name)
+def resolve_job(name: str) -> Callable:
+    target = JOBS.get(name)
     if target is None:
         raise KeyError(f"no job named {name!r}")
     return _function(target)
 
 
 def handle(model: RelevanceModel, spec: LoadSpec, message: Forward | Job) -> Reply:
-    """The reply to one Forward or Job; an exception becomes an Error for that message only."""
+    """The reply to one Forward or Job (the backends' default `Answer`); an exception becomes an Error for
+    that message only."""
     try:
         if isinstance(message, Forward):
-            if spec.fault_hook:
-                _function(spec.fault_hook)(model, message.batch)
             return Result(forward_batch(model, message.batch))
-        return Result(resolve_job(spec, message.name)(model, *message.args, **message.kwargs))
+        return Result(resolve_job(message.name)(model, *message.args, **message.kwargs))
     except Exception as e:
         return Error(type(e).__name__, str(e))

@@ -13,20 +13,18 @@ from pathlib import Path
 
 import pytest
 
-from service.runtime import backend_process, template
-from service.runtime.backend import LoadSpec
-from service.runtime.backend_process import start_context
-from tests.service.runtime.jobs import TEST_JOBS
+from service.runtime.workers import backend_process, template
+from service.runtime.workers.backend import LoadSpec
+from service.runtime.workers.backend_process import start_context
 
-ROOT = Path(__file__).resolve().parents[3]
+ROOT = Path(__file__).resolve().parents[4]
 
 # In a fresh interpreter: the fork server is one per process, and its template is the first spec it serves.
 PROBE = r"""
 import json, os, sys
-from service.runtime.backend import LoadSpec
-from service.runtime.backend_process import ProcessBackend
-from service.runtime.runner import load_model, forward_batch
-from tests.service.runtime.jobs import TEST_JOBS
+from service.runtime.workers.backend import LoadSpec
+from service.runtime.workers.runner import load_model, forward_batch
+from tests.service.runtime.workers.hooked import HookedProcessBackend
 
 def memory(pid):
     d = {}
@@ -37,9 +35,8 @@ def memory(pid):
     return {"rss": d["Rss"], "private": d["Private_Clean"] + d["Private_Dirty"]}
 
 if __name__ == "__main__":
-    jobs = TEST_JOBS + (("state", "tests.service.runtime.jobs:template_state"),)
-    spec = LoadSpec(sys.argv[1], threads=1, jobs=jobs, inference=sys.argv[2])
-    backends = [ProcessBackend(spec) for _ in range(2)]
+    spec = LoadSpec(sys.argv[1], threads=1, inference=sys.argv[2])
+    backends = [HookedProcessBackend(spec) for _ in range(2)]  # the production backend, with a "state" job
     batch = [([101, 2023, 2003, 102], [0, 0, 0, 0]), ([101, 7592, 102, 2088, 102], [0, 0, 0, 1, 1])]
     inference, probes = [], []
     try:
@@ -123,7 +120,7 @@ def test_a_template_serves_only_its_own_spec_as_it_is_on_disk(tiny_checkpoint, m
     monkeypatch.setattr(template, "TEMPLATE", t)
     assert template.take(spec) is t
     assert template.take(dataclasses.replace(spec, dtype="bfloat16")) is None
-    assert template.take(dataclasses.replace(spec, jobs=TEST_JOBS)) is None
+    assert template.take(dataclasses.replace(spec, attention="torch")) is None
     weights = tiny_checkpoint / "model.safetensors"
     stat = weights.stat()
     try:
@@ -131,8 +128,8 @@ def test_a_template_serves_only_its_own_spec_as_it_is_on_disk(tiny_checkpoint, m
         assert template.take(spec) is None
     finally:
         os.utime(weights, ns=(stat.st_atime_ns, stat.st_mtime_ns))
-    with_jobs = dataclasses.replace(spec, jobs=TEST_JOBS)
-    assert template.decode(json.dumps(dataclasses.asdict(with_jobs))) == with_jobs  # as the fork server reads it
+    other = dataclasses.replace(spec, dtype="bfloat16", inference="auto", max_batch_tokens=1024)
+    assert template.decode(json.dumps(dataclasses.asdict(other))) == other  # as the fork server reads it
 
 
 def test_cuda_process_start_spawn_and_no_fork_server_spawn_a_process(tiny_checkpoint, monkeypatch):

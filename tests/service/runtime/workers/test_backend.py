@@ -15,8 +15,8 @@ import torch
 
 from model.explain import explain_pair
 from model.relevance import RelevanceModel
-from service.runtime import runner
-from service.runtime.backend import (
+from service.runtime.workers import runner
+from service.runtime.workers.backend import (
     TRANSITIONS,
     BatchScores,
     Error,
@@ -33,9 +33,8 @@ from service.runtime.backend import (
     StateMachine,
     Stop,
 )
-from service.runtime.backend_process import ProcessBackend
-from service.runtime.backend_thread import ThreadBackend
-from tests.service.runtime.jobs import TEST_JOBS
+from service.runtime.workers.backend_thread import ThreadBackend
+from tests.service.runtime.workers.hooked import HookedProcessBackend, answer
 
 
 # --- the state machine --------------------------------------------------------------------------
@@ -103,7 +102,7 @@ def test_model_process_hands_memory_back_once_idle(tiny_checkpoint, monkeypatch)
     not again until one has run."""
     import multiprocessing as mp
 
-    from service.runtime import backend_process
+    from service.runtime.workers import backend_process
 
     trims: list[float] = []
     monkeypatch.setattr(backend_process, "release_free_memory", lambda: trims.append(time.monotonic()))
@@ -155,11 +154,11 @@ def test_forward_is_the_models_one_scoring_call(model, tiny_checkpoint):
 
 
 def test_jobs_are_looked_up_by_name(model, tiny_checkpoint):
-    spec = LoadSpec(str(tiny_checkpoint), jobs=TEST_JOBS)
-    assert runner.resolve_job(spec, "explain") is explain_pair
-    assert runner.handle(model, spec, Job("labels_of")) == Result(["1", "2", "3", "4", "5"])
-    assert runner.handle(model, spec, Job("raise_value_error", ("boom",))) == Error("ValueError", "boom")
-    unknown = runner.handle(model, LoadSpec(str(tiny_checkpoint)), Job("labels_of"))
+    spec = LoadSpec(str(tiny_checkpoint))
+    assert runner.resolve_job("explain") is explain_pair
+    assert answer(model, spec, Job("labels_of")) == Result(["1", "2", "3", "4", "5"])  # the test backend's
+    assert answer(model, spec, Job("raise_value_error", ("boom",))) == Error("ValueError", "boom")
+    unknown = runner.handle(model, spec, Job("labels_of"))  # the production side knows no test job
     assert isinstance(unknown, Error) and unknown.type == "KeyError" and "labels_of" in unknown.message
 
 
@@ -182,7 +181,7 @@ def test_thread_backend_keeps_the_contract(tiny_checkpoint, tmp_path):
 
 
 def test_process_backend_holds_one_job_in_flight_and_can_be_killed_in_it(tiny_checkpoint):
-    b = ProcessBackend(LoadSpec(str(tiny_checkpoint), warmup=False, jobs=TEST_JOBS))
+    b = HookedProcessBackend(LoadSpec(str(tiny_checkpoint), warmup=False))
     try:
         assert b.load()["name"] == "tiny-bert"
         b.warm_up()

@@ -1,5 +1,5 @@
-"""What the worker hands to its callers: scored pairs, the model's description, and the observer it
-reports faults and timings to (service.runtime.worker re-exports these)."""
+"""What the worker hands to its callers beside scored pairs (model.levels.PairScore): the model's description,
+and the observer it reports faults and timings to (service.runtime.workers.worker re-exports these)."""
 
 from __future__ import annotations
 
@@ -7,16 +7,6 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from model.tokenizer import PairTokenizer
-
-
-@dataclass
-class PairOutput:
-    """One pair's row of a `model.scoring.ScoredBatch`, as plain numbers."""
-
-    logits: list[float]
-    probs: list[float]
-    level: int  # class index chosen by the model's level rule
-    expected: float  # expected level: the ranking score
 
 
 @dataclass(frozen=True)

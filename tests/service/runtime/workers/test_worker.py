@@ -12,12 +12,12 @@ import pytest
 import torch
 
 from model.relevance import RelevanceModel
-from service.runtime.backend import LoadSpec, ModelError, ProcessDied
-from service.runtime.backend import State as WorkerState
-from service.runtime.runner import forward_in_halves
-from service.runtime.worker import Worker
+from service.runtime.workers.backend import LoadSpec, ModelError, ProcessDied
+from service.runtime.workers.backend import State as WorkerState
+from service.runtime.workers.runner import forward_in_halves
+from service.runtime.workers.worker import Worker
 from tests.conftest import read_pairs
-from tests.service.runtime.jobs import POISON, TEST_JOBS
+from tests.service.runtime.workers.hooked import POISON, die_on_poison, hooked
 
 
 def test_out_of_memory_retries_in_halves():
@@ -69,7 +69,7 @@ class Restarts:  # the worker's observer, recording what it is told
 
 @pytest.mark.parametrize("mode", ["process", "thread"])
 def test_worker_loads_warms_and_scores(tiny_checkpoint, mode):
-    w = Worker(LoadSpec(str(tiny_checkpoint), jobs=TEST_JOBS), mode=mode)
+    w = Worker(LoadSpec(str(tiny_checkpoint)), mode=mode, backend=hooked(mode))
     ref = RelevanceModel.load(tiny_checkpoint)
 
     async def main():
@@ -101,7 +101,7 @@ def test_model_process_killed_mid_batch_fails_that_batch_and_restarts(tiny_check
     """A real crash: SIGKILL the model process while it holds a job. That job fails, the next child
     is started and warmed, and a batch queued behind it is served by the new child."""
     restarts = Restarts()
-    w = Worker(LoadSpec(str(tiny_checkpoint), jobs=TEST_JOBS), observer=restarts)
+    w = Worker(LoadSpec(str(tiny_checkpoint)), observer=restarts, backend=hooked())
 
     async def main():
         w.start()
@@ -193,8 +193,7 @@ def test_a_poison_pair_fails_after_its_retry_and_the_worker_serves_on(tiny_check
     """A pair that kills every process it reaches is retried once, then fails alone (its entry is the
     ProcessDied); a pair the model raises for fails at once (no retry). Other batches are served throughout."""
     obs = Restarts()
-    spec = LoadSpec(str(tiny_checkpoint), warmup=False, fault_hook="tests.service.runtime.jobs:die_on_poison")
-    w = Worker(spec, observer=obs)
+    w = Worker(LoadSpec(str(tiny_checkpoint), warmup=False), observer=obs, backend=hooked(fault=die_on_poison))
 
     async def main():
         w.start()
@@ -215,8 +214,7 @@ def test_a_poison_pair_fails_after_its_retry_and_the_worker_serves_on(tiny_check
 def test_a_restarted_model_process_keeps_the_first_ones_inference_choice(tiny_checkpoint):
     """inference=auto probes in the first model process; a replacement starts with that choice pinned
     (no second OpenVINO export and probe while the server is short of a replica)."""
-    jobs = TEST_JOBS + (("state", "tests.service.runtime.jobs:template_state"),)
-    w = Worker(LoadSpec(str(tiny_checkpoint), jobs=jobs, inference="auto"))
+    w = Worker(LoadSpec(str(tiny_checkpoint), inference="auto"), backend=hooked())
 
     async def main():
         w.start()
@@ -247,8 +245,7 @@ def test_every_model_process_serves_the_first_ones_inference_choice(tiny_checkpo
     """inference=auto: only the first model process probes and the others start with its choice pinned;
     two processes probing apart could choose differently near the margin, and a pair would then score
     differently by which one took it (seen in CI: 3.9184 against 3.9139 for one pair of the tiny model)."""
-    jobs = TEST_JOBS + (("engine", "tests.service.runtime.jobs:engine_of_process"),)
-    w = Worker(LoadSpec(str(tiny_checkpoint), jobs=jobs, inference="auto"), replicas=2)
+    w = Worker(LoadSpec(str(tiny_checkpoint), inference="auto"), replicas=2, backend=hooked())
 
     async def main():
         w.start()

@@ -1,6 +1,6 @@
 """The template the model processes are forked from: torch, and one model loaded and warmed up, once.
 
-On Linux the model processes are started by multiprocessing's fork server (`service.runtime.backend_process`),
+On Linux the model processes are started by multiprocessing's fork server (`service.runtime.workers.backend_process`),
 which imports this module before it forks anything. The fork server is a single-threaded process (torch on
 one thread, no OpenMP team, no OpenBLAS threads), so the reason spawn was used -- never fork a process that
 already runs threads -- does not apply to it. What it holds when it forks, every model process shares
@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from service.runtime.backend import TEMPLATE_ENV, LoadSpec
+from service.runtime.workers.backend import TEMPLATE_ENV, LoadSpec
 
 if TYPE_CHECKING:  # torch is imported by build(), after OPENBLAS_NUM_THREADS is set
     from model.relevance import RelevanceModel
@@ -45,9 +45,7 @@ class Template:
 
 
 def decode(text: str) -> LoadSpec:
-    d = json.loads(text)
-    d["jobs"] = tuple(tuple(j) for j in d.get("jobs", ()))
-    return LoadSpec(**d)
+    return LoadSpec(**json.loads(text))
 
 
 def weights_stamp(model_dir: str) -> tuple[int, ...]:
@@ -68,8 +66,8 @@ def build(spec: LoadSpec) -> Template | None:
     try:
         import torch
 
-        from service.runtime import runner
         from service.runtime.layout import quiet_gc, release_free_memory
+        from service.runtime.workers import runner
 
         default_threads = torch.get_num_threads()
         torch.set_num_threads(1)  # never an OpenMP team in a process that forks

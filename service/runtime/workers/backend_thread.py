@@ -10,13 +10,28 @@ from collections.abc import Sequence
 from typing import Any
 
 from model.relevance import RelevanceModel
-from service.runtime import runner
-from service.runtime.backend import Backend, BatchScores, Encoded, Forward, Health, Job, LoadFailed, LoadSpec, raise_for
+from service.runtime.workers import runner
+from service.runtime.workers.backend import (
+    Answer,
+    Backend,
+    BatchScores,
+    Encoded,
+    Forward,
+    Health,
+    Job,
+    LoadFailed,
+    LoadSpec,
+    raise_for,
+)
 
 
 class ThreadBackend(Backend):
-    def __init__(self, spec: LoadSpec):
+    """`answer`: the model side of a message, if not runner.handle."""
+
+    def __init__(self, spec: LoadSpec, name: str = "qtrel-model", answer: Answer | None = None):
         self.spec = spec
+        self.name = name
+        self.answer: Answer = answer or runner.handle
         self.model: RelevanceModel | None = None  # reachable for fault-injection tests
 
     def load(self) -> dict:
@@ -34,10 +49,10 @@ class ThreadBackend(Backend):
             raise LoadFailed(f"{type(e).__name__}: {e}") from e
 
     def forward(self, batch: Sequence[Encoded]) -> BatchScores:
-        return raise_for(runner.handle(self._model(), self.spec, Forward(batch)))
+        return raise_for(self.answer(self._model(), self.spec, Forward(batch)))
 
     def job(self, name: str, args: tuple = (), kwargs: dict | None = None) -> Any:
-        return raise_for(runner.handle(self._model(), self.spec, Job(name, args, kwargs or {})))
+        return raise_for(self.answer(self._model(), self.spec, Job(name, args, kwargs or {})))
 
     def health(self) -> Health:
         return Health(self.model is not None, "" if self.model is not None else "not loaded")

@@ -1,12 +1,12 @@
 """The process backend: the model lives in a child process, fed over a pipe.
 
 The child is forked by multiprocessing's fork server, a single-threaded process that holds torch and the
-served model loaded and warmed up (`service.runtime.template`), so that the model processes share those
+served model loaded and warmed up (`service.runtime.workers.template`), so that the model processes share those
 pages; it is never forked from the server, which runs threads. Where there is no fork server (not Linux),
 and for cuda, the child is spawned and loads its own model.
 
 The server's event loop, its tokeniser thread and the forward pass then never take turns on one GIL
-(docs/design.md). Typed messages (`service.runtime.backend`) cross the pipe: token ids in, scores out, a few KB.
+(docs/design.md). Typed messages (`service.runtime.workers.backend`) cross the pipe: token ids in, scores out, a few KB.
 
 What the process holds is explicit: `in_flight()` says which job it has had since when, so that a
 watchdog can `kill` a process stuck in one (SIGKILL works on a stopped process too). A job whose
@@ -27,8 +27,10 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from service.runtime.backend import (
+from service.runtime.layout import quiet_gc, release_free_memory
+from service.runtime.workers.backend import (
     TEMPLATE_ENV,
+    Answer,
     Backend,
     BatchScores,
     Encoded,
@@ -47,9 +49,8 @@ from service.runtime.backend import (
     WarmUp,
     raise_for,
 )
-from service.runtime.layout import quiet_gc, release_free_memory
 
-TEMPLATE_MODULE = "service.runtime.template"  # imported by the fork server, never by this process
+TEMPLATE_MODULE = "service.runtime.workers.template"  # imported by the fork server, never by this process
 _start_lock = threading.Lock()  # the fork server's environment is os.environ while it starts
 
 log = logging.getLogger("qtrel.worker")
@@ -59,12 +60,15 @@ PROBE_FIELDS = ("inference", "inference_reason", "inference_probe")  # what /inf
 IDLE_TRIM_S = 2.0
 
 
-def child_main(conn, spec: LoadSpec) -> None:
-    """Entry point of the model process: load, then answer messages until Stop or until the server
-    process goes away. Lifecycle signals are the server's to handle (it drains, or reloads, first)."""
+def child_main(conn, spec: LoadSpec, answer: Answer | None = None) -> None:
+    """Entry point of the model process: load, then answer messages (`answer`, by default runner.handle)
+    until Stop or until the server process goes away. Lifecycle signals are the server's to handle (it
+    drains, or reloads, first)."""
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):  # a terminal's hang-up reaches the group too
         signal.signal(sig, signal.SIG_IGN)
-    from service.runtime import runner, template  # torch and the model: here, never in the server process
+    from service.runtime.workers import runner, template  # torch and the model: here, never in the server process
+
+    answer = answer or runner.handle
 
     try:
         base = template.take(spec)
@@ -100,18 +104,13 @@ def child_main(conn, spec: LoadSpec) -> None:
                 conn.send(Failed(f"{type(e).__name__}: {e}"))
                 return
             continue
-        reply = runner.handle(model, spec, message)
+        reply = answer(model, spec, message)
         try:
             conn.send(reply)
         except (EOFError, OSError):
             return
         except Exception as e:  # a result that does not pickle: this job only
             conn.send(Error(type(e).__name__, str(e)))
-
-
-def template_eligible(spec: LoadSpec) -> bool:
-    """A spec the fork server's template may serve: on cpu, without a test's fault hook."""
-    return spec.device == "cpu" and spec.fault_hook is None
 
 
 def start_context(spec: LoadSpec):
@@ -126,7 +125,7 @@ def start_context(spec: LoadSpec):
     ctx = mp.get_context("forkserver")
     with _start_lock:
         ctx.set_forkserver_preload([TEMPLATE_MODULE])
-        extra = {TEMPLATE_ENV: json.dumps(dataclasses.asdict(spec))} if template_eligible(spec) else {}
+        extra = {TEMPLATE_ENV: json.dumps(dataclasses.asdict(spec))}
         # The fork server starts as `python -c ...`, which puts the working directory first on its path (its
         # Python 3.11 main ignores the parent's): a `model` or `service` package there would shadow qtrel's.
         if "PYTHONSAFEPATH" not in os.environ:
@@ -144,9 +143,12 @@ def start_context(spec: LoadSpec):
 
 
 class ProcessBackend(Backend):
-    def __init__(self, spec: LoadSpec, name: str = "qtrel-model"):
+    """`answer`: the model side of a message, if not runner.handle (picklable: a module-level function)."""
+
+    def __init__(self, spec: LoadSpec, name: str = "qtrel-model", answer: Answer | None = None):
         self.spec = spec
         self.name = name
+        self.answer = answer
         self._proc: Any = None
         self._conn: Any = None
         self._lock = threading.Lock()  # guards the two fields below, read by the watchdog's thread
@@ -171,7 +173,7 @@ class ProcessBackend(Backend):
         ctx = start_context(spec)
         parent, child = ctx.Pipe()
         try:
-            proc = ctx.Process(target=child_main, args=(child, spec), name=self.name, daemon=True)
+            proc = ctx.Process(target=child_main, args=(child, spec, self.answer), name=self.name, daemon=True)
             proc.start()
         except Exception as e:  # e.g. no memory left to start a process
             raise LoadFailed(f"{type(e).__name__}: {e}", crashed=True) from e

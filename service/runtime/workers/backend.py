@@ -3,9 +3,10 @@ pipe, the errors it can raise, and the one state machine of a model instance and
 
 A backend is one model instance driven by one thread of the server (its replica's), as TEI's backend
 trait: `load`, `warm_up`, `forward` a batch, run a named extra `job` (e.g. "explain"), report `health`.
-Two implementations keep that contract: `service.runtime.backend_thread` (the model on the calling thread) and
-`service.runtime.backend_process` (the model in a child process, typed messages over a pipe). Extra jobs are
-names looked up on the model's side (`service.runtime.runner.JOBS`), never pickled callables.
+Two implementations keep that contract: `service.runtime.workers.backend_thread` (the model on the calling
+thread) and `service.runtime.workers.backend_process` (the model in a child process, typed messages over a
+pipe). Extra jobs are names looked up on the model's side (`service.runtime.workers.runner.JOBS`), never
+pickled callables.
 
 The errors say what failed: `ModelError` is an exception the model raised for this job (the process
 lives on), `ProcessDied` means the model process went away while it held the job (it died, or the
@@ -20,9 +21,12 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from model.levels import MAX_BATCH_TOKENS
+
+if TYPE_CHECKING:  # the model lives in the model processes
+    from model.relevance import RelevanceModel
 
 Encoded = tuple[list[int], list[int]]  # (input_ids, token_type_ids) of one pair
 
@@ -47,10 +51,6 @@ class LoadSpec:
     inference: str = "torch"
     # The torch forward's attention kernel on cpu: "auto" (probed), "fused" or "torch" (model.engines.kernels).
     attention: str = "auto"
-    # Extra named jobs beside the built-in ones, as (name, "module:function") (e.g. a test's fault job).
-    jobs: tuple[tuple[str, str], ...] = ()
-    # Test-only fault hook: "module:function", called as function(model, batch) before each forward.
-    fault_hook: str | None = None
 
 
 class _Message:
@@ -116,6 +116,9 @@ class Error(_Message):
 
 Request = WarmUp | Forward | Job | Stop
 Reply = Loaded | Ready | Failed | Result | Error
+# The model's side of a Forward or Job (service.runtime.workers.runner.handle, unless a backend is given
+# another): a module-level function, so that it reaches a model process by reference.
+Answer = Callable[["RelevanceModel", LoadSpec, Forward | Job], Reply]
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,97 @@
+"""The test backend: the real process and thread backends, whose model side also runs the jobs below by
+name and, where a test asks, a fault before each forward pass. The production contract knows no test hook:
+a hooked backend is given another `answer` (module-level functions, so that a model process forked by the
+fork server or spawned takes them by reference); everything else is the production code."""
+
+from __future__ import annotations
+
+import os
+import time
+from functools import partial
+
+from service.runtime.workers.backend import Error, Forward, Job, LoadSpec, Reply, Result
+from service.runtime.workers.backend_process import ProcessBackend
+from service.runtime.workers.backend_thread import ThreadBackend
+
+
+def labels_of(model):
+    return model.labels
+
+
+def raise_value_error(model, message):
+    raise ValueError(message)
+
+
+def sleep_on_model(model, seconds):
+    time.sleep(seconds)
+
+
+POISON = 7  # a token id no text encodes to ([unused6] in the MiniLM vocabulary)
+
+
+def die_on_poison(model, batch):
+    """A fault: a batch holding the POISON token id kills its model process, every time."""
+    if any(POISON in ids for ids, _ in batch):
+        os._exit(3)
+
+
+def template_state(model):
+    """Whether this model process serves the fork server's template model, and its torch threads."""
+    import torch
+
+    from service.runtime.workers import template
+
+    t = template.TEMPLATE
+    used = t is not None and t.model is model
+    return {"template": used, "warmed": bool(t and t.warmed), "threads": torch.get_num_threads()}
+
+
+def inference_of(model):
+    """What runs this model process's forward pass, and why (RelevanceModel.use_inference)."""
+    return model.inference, model.inference_reason
+
+
+def engine_of_process(model, hold: float = 0.5):
+    """(pid, inference, reason), held long enough that two such jobs land on two model processes."""
+    time.sleep(hold)
+    return os.getpid(), model.inference, model.inference_reason
+
+
+TEST_JOBS = {
+    "labels_of": labels_of,
+    "raise_value_error": raise_value_error,
+    "sleep_on_model": sleep_on_model,
+    "inference_of": inference_of,
+    "state": template_state,
+    "engine": engine_of_process,
+}
+
+
+def answer(model, spec: LoadSpec, message: Forward | Job, fault=None) -> Reply:
+    """runner.handle, after `fault(model, batch)` before a forward, with TEST_JOBS beside runner.JOBS."""
+    from service.runtime.workers import runner  # torch: in the model process
+
+    try:
+        if isinstance(message, Forward) and fault is not None:
+            fault(model, message.batch)
+        if isinstance(message, Job) and message.name in TEST_JOBS:
+            return Result(TEST_JOBS[message.name](model, *message.args, **message.kwargs))
+    except Exception as e:
+        return Error(type(e).__name__, str(e))
+    return runner.handle(model, spec, message)
+
+
+class HookedProcessBackend(ProcessBackend):
+    def __init__(self, spec: LoadSpec, name: str = "qtrel-model", fault=None):
+        super().__init__(spec, name, answer=partial(answer, fault=fault))
+
+
+class HookedThreadBackend(ThreadBackend):
+    def __init__(self, spec: LoadSpec, name: str = "qtrel-model", fault=None):
+        super().__init__(spec, name, answer=partial(answer, fault=fault))
+
+
+def hooked(mode: str = "process", fault=None):
+    """A Worker's `backend`: the hooked backend of `mode`, with `fault` before each forward."""
+    kind = HookedProcessBackend if mode == "process" else HookedThreadBackend
+    return partial(kind, fault=fault)
