@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import csv
 import json
+import os
 import statistics
 import time
 from pathlib import Path
@@ -27,8 +28,10 @@ from model.builtin import builtin_dir
 from model.relevance import RelevanceModel
 
 ROOT = Path(__file__).resolve().parent.parent
-QBQTC = ROOT.parent / "shared" / "data" / "qbqtc" / "dev.json"
-HOMEDEPOT = ROOT.parent / "shared" / "data" / "homedepot" / "dev.csv"
+# ../shared/data, or QTREL_TEST_DATA as in the tests (a worktree's data lies elsewhere)
+DATA = Path(os.environ.get("QTREL_TEST_DATA") or ROOT.parent / "shared" / "data")
+QBQTC = DATA / "qbqtc" / "dev.json"
+HOMEDEPOT = DATA / "homedepot" / "dev.csv"
 
 
 def flops(m: RelevanceModel, lengths: list[int]) -> float:
