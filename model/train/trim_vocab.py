@@ -8,6 +8,9 @@ and punctuation blocks below (a text outside the corpus still reads character by
 as <unk>), then the most frequent remaining pieces of those scripts up to `max_rows`.
 
     python -m model.train.trim_vocab SRC OUT --exact QBQTC.json... --ranked HOMEDEPOT.csv...
+    python -m model.train.trim_vocab SRC OUT --exact HOMEDEPOT.csv... --scripts latin --max-rows 30522
+
+`--scripts latin` keeps the Latin and punctuation blocks only (an English model: no CJK rows to train).
 
 Ids keep their order (the specials stay first); `tokenizer.json`'s vocab list, its added tokens and the
 embedding rows are remapped together.
@@ -25,14 +28,15 @@ from pathlib import Path
 # Unicode blocks whose single characters are kept: Basic Latin .. Latin Extended-B, general punctuation,
 # CJK symbols and punctuation, CJK unified ideographs, full-width forms
 BLOCKS = [(0x20, 0x24F), (0x2000, 0x206F), (0x3000, 0x303F), (0x4E00, 0x9FFF), (0xFF00, 0xFFEF)]
+SCRIPTS = {"latin+cjk": BLOCKS, "latin": [(0x20, 0x24F), (0x2000, 0x206F)]}
 META = "\u2581"  # SentencePiece's word-start marker
 # 26,800 rows x 384 in float16 (20.6 MB) + the 12-layer encoder and head (43.3 MB) stay under 64 MB
 MAX_ROWS = 26_800
 
 
-def in_blocks(piece: str) -> bool:
+def in_blocks(piece: str, blocks: list[tuple[int, int]] = BLOCKS) -> bool:
     chars = piece.replace(META, "")
-    return bool(chars) and all(any(lo <= ord(c) <= hi for lo, hi in BLOCKS) for c in chars)
+    return bool(chars) and all(any(lo <= ord(c) <= hi for lo, hi in blocks) for c in chars)
 
 
 def corpus_texts(paths: Iterable[Path]) -> list[str]:
@@ -46,7 +50,9 @@ def corpus_texts(paths: Iterable[Path]) -> list[str]:
     return list(dict.fromkeys(texts))
 
 
-def choose_pieces(tokenizer_json: dict, exact: list[str], ranked: list[str], max_rows: int) -> list[int]:
+def choose_pieces(
+    tokenizer_json: dict, exact: list[str], ranked: list[str], max_rows: int, blocks: list[tuple[int, int]] = BLOCKS
+) -> list[int]:
     """Old ids to keep, ascending: specials, every piece of the `exact` texts, single characters of BLOCKS,
     then the pieces of the `ranked` texts, most used first, then the remaining pieces of BLOCKS in id
     order (SentencePiece orders by score), up to `max_rows`."""
@@ -56,11 +62,11 @@ def choose_pieces(tokenizer_json: dict, exact: list[str], ranked: list[str], max
     vocab = tokenizer_json["model"]["vocab"]
     keep = {t["id"] for t in tokenizer_json["added_tokens"]} | {tokenizer_json["model"]["unk_id"]}
     keep |= {i for e in tok.encode_batch(exact, add_special_tokens=False) for i in e.ids}
-    keep |= {i for i, (p, _) in enumerate(vocab) if len(p.replace(META, "")) == 1 and in_blocks(p)}
+    keep |= {i for i, (p, _) in enumerate(vocab) if len(p.replace(META, "")) == 1 and in_blocks(p, blocks)}
     if len(keep) > max_rows:
         raise ValueError(f"the exact corpus and the character set need {len(keep)} pieces, over max_rows {max_rows}")
     used = Counter(i for e in tok.encode_batch(ranked, add_special_tokens=False) for i in e.ids)
-    by_id = (i for i, (p, _) in enumerate(vocab) if in_blocks(p))
+    by_id = (i for i, (p, _) in enumerate(vocab) if in_blocks(p, blocks))
     for i in [i for i, _ in used.most_common()] + list(by_id):
         if len(keep) >= max_rows:
             break
@@ -81,14 +87,16 @@ def trimmed_tokenizer(tokenizer_json: dict, keep: list[int]) -> dict:
     return out
 
 
-def trim(src: Path, out: Path, exact: list[Path], ranked: list[Path], max_rows: int) -> dict:
+def trim(
+    src: Path, out: Path, exact: list[Path], ranked: list[Path], max_rows: int, scripts: str = "latin+cjk"
+) -> dict:
     import torch
     from safetensors.torch import load_file, save_file
     from tokenizers import Tokenizer
 
     spec = json.loads((src / "tokenizer.json").read_text(encoding="utf-8"))
     texts, others = corpus_texts(exact), corpus_texts(ranked)
-    keep = choose_pieces(spec, texts, others, max_rows)
+    keep = choose_pieces(spec, texts, others, max_rows, SCRIPTS[scripts])
     new_spec = trimmed_tokenizer(spec, keep)
     state = load_file(str(src / "model.safetensors"))
     key = next(k for k in state if k.endswith("word_embeddings.weight"))
@@ -134,8 +142,9 @@ def main(argv: list[str] | None = None) -> None:
         "--ranked", type=Path, nargs="*", default=[], help="files whose pieces fill the rows left, most used first"
     )
     ap.add_argument("--max-rows", type=int, default=MAX_ROWS)
+    ap.add_argument("--scripts", choices=sorted(SCRIPTS), default="latin+cjk", help="whose single characters stay")
     args = ap.parse_args(argv)
-    print(json.dumps(trim(args.src, args.out, args.exact, args.ranked, args.max_rows)))
+    print(json.dumps(trim(args.src, args.out, args.exact, args.ranked, args.max_rows, args.scripts)))
 
 
 if __name__ == "__main__":
