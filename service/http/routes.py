@@ -10,7 +10,7 @@ from typing import Any
 from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse, PlainTextResponse
 
-from model.levels import raw_score
+from model.levels import raw_level_scores, raw_score
 from service.errors import ErrorKind, ServiceError
 from service.http import cutoff
 from service.http.deps import EngineDep, MetricsDep, SettingsDep, TimeoutHeader, UseCacheDep
@@ -228,8 +228,10 @@ async def predict(
     labels = scored.labels
     out = []
     for o in scored.outputs:
-        vals = o.logits if body.raw_scores else o.probs
-        ranked = sorted(zip(vals, labels), key=lambda p: -p[0])
+        if body.raw_scores:
+            ranked = raw_level_scores(o.logits, labels)
+        else:
+            ranked = sorted(zip(o.probs, labels), key=lambda p: -p[0])
         out.append([{"score": v, "label": lab} for v, lab in ranked])
     return JSONResponse(out[0] if body.single else out)
 
