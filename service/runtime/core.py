@@ -180,7 +180,7 @@ class CoreServer:
     async def score(self, a: dict) -> tuple:
         token = request_id.set(a.pop("rid"))
         try:
-            enc = Encoded(EncodedPairs(a.pop("ids"), a.pop("segs"), a.pop("cut")), a.pop("generation"))
+            enc = Encoded(EncodedPairs(a.pop("ids"), a.pop("segs"), a.pop("cut"), a.pop("unk")), a.pop("generation"))
             return scored_value(await self.engine.score(a.pop("queries"), a.pop("titles"), encoded=enc, **a))
         finally:
             request_id.reset(token)

@@ -18,7 +18,10 @@ class Encoded:
     def pick(self, rows: list[int]) -> EncodedPairs:
         p = self.pairs
         return EncodedPairs(
-            [p.input_ids[i] for i in rows], [p.token_type_ids[i] for i in rows], [p.truncated[i] for i in rows]
+            [p.input_ids[i] for i in rows],
+            [p.token_type_ids[i] for i in rows],
+            [p.truncated[i] for i in rows],
+            [p.unknown[i] for i in rows],
         )
 
 

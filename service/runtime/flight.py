@@ -26,6 +26,7 @@ class Flight:
     length: int
     truncated: bool
     deadline: float  # monotonic seconds: the deadline the pair was queued under
+    unknown: float = 0.0  # the share of its text the model cannot read (EncodedPairs.unknown)
     waiters: int = field(default=0)
 
 
