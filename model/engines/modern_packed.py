@@ -1,19 +1,27 @@
 """ModernBERT's fast CPU path: batches without padding (`model.packing`), the linear layers pre-packed for
-oneDNN where they pay (model.kernels.onednn_pays and its probe), and attention per group of pairs of similar
-length, with the local layers' window laid over each group's key mask. The last norm, the pooling and the
-head run on each pair's rows. Equal to ModernBertForRelevance's padded forward (float32: to ~1e-6)."""
+oneDNN where they pay (model.kernels.onednn_pays and its probe), and attention by the fused C kernel
+(model.engines.fused, BERT's): rotary positions applied in place on the packed q and k rows right after their
+projection (`rotary_rows`, probed at load against torch's ops, which serve where it is missing or differs),
+then each pair's rows attended where they lie; a local layer's window is the whole pair where the pair fits
+in it, and a key range per query row where it does not, so no mask and no copy either way. Where the fused
+kernel cannot run (not built, several threads without OpenMP, autograd) attention goes per group of pairs
+of similar length, the window laid over each group's key mask. The last norm, the pooling and the head run on
+each pair's rows. Equal to ModernBertForRelevance's padded forward (float32: to ~1e-6)."""
 
 from __future__ import annotations
 
 from dataclasses import replace
 from typing import cast
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from model.arch import Network
+from model.engines import fused
 from model.engines.base import EngineKind, Ids, Kernels
+from model.engines.fused import Rows, packed_attention, rotary_rows
 from model.engines.kernels import onednn_available, onednn_pays, per_group_attention, probe
 from model.engines.onednn import OneDNNLinear
 from model.engines.packed import MATH_MAX_TOKENS, math_attention
@@ -29,6 +37,9 @@ class PackedModernBert(ModernBertForRelevance):
         self.cfg, self.encoder, self.dense, self.head_act = ref.cfg, ref.encoder, ref.dense, ref.head_act
         self.head_norm, self.dropout, self.classifier = ref.head_norm, ref.dropout, ref.classifier
         self.grouped = per_group_attention(ref.classifier.weight.dtype)  # "math" or "sdpa" (model.kernels)
+        self.kernel = self.grouped  # or "fused" (modern_engine): the C kernel attends every pair in place
+        self.rope_kernel = False  # rotary in place by the C kernel (probed by modern_engine), else torch's ops
+        self._tables: dict[tuple[float, int, torch.dtype], Tensor] = {}
         self.train(ref.training)
 
     def forward_packed(self, input_ids: Ids, token_type_ids: Ids, head_mask: Tensor | None = None) -> Tensor:
@@ -43,14 +54,17 @@ class PackedModernBert(ModernBertForRelevance):
         b = len(p.cls)
         # [CLS] rows padded to a token bucket (copies of the first): the last layer's linears meet warmed shapes only
         rows = torch.cat([p.cls, p.cls[:1].expand(token_bucket(b) - b)])
+        in_place = self._fused()
         for i, layer in enumerate(enc.blocks):
             hm = None if head_mask is None else head_mask[i].to(x.device)
-            ctx = self._attend(layer, layer.qkv(layer.attn_norm(x)), p, ropes, hm)
-            if i == last and cls_only:  # nothing but [CLS] is read of the last layer: exact, and less work
+            qkv = layer.qkv(layer.attn_norm(x))
+            cls = i == last and cls_only  # nothing but [CLS] is read of the last layer: exact, and less work
+            ctx = self._attend_in_place(layer, qkv, p, hm, cls) if in_place else self._attend(layer, qkv, p, ropes, hm)
+            if cls:
                 x, ctx = x.index_select(0, rows), ctx.index_select(0, rows)
             x = x + layer.out(ctx)
             gate_in, gate = layer.up(layer.mlp_norm(x)).chunk(2, dim=-1)
-            x = x + layer.down(layer.act(gate_in) * gate)
+            x = x + layer.down(layer.act(gate_in).mul_(gate))
         x = enc.final_norm(x)
         if cls_only:
             pooled = x[:b]
@@ -61,6 +75,66 @@ class PackedModernBert(ModernBertForRelevance):
             pooled = (sums / torch.from_numpy(p.lengths).to(sums)[:, None]).to(x.dtype)
         logits = self.classifier(self.head_norm(self.head_act(self.dense(pooled))))
         return torch.empty_like(logits).index_copy_(0, p.order, logits)
+
+    def _fused(self) -> bool:
+        # several threads only on torch's OpenMP team (fused.parallel); no autograd through ctypes
+        one = torch.get_num_threads() == 1 or fused.parallel()
+        return self.kernel == "fused" and one and not torch.is_grad_enabled()
+
+    def _attend_in_place(self, layer: Layer, qkv: Tensor, p: Packing, head_mask: Tensor | None, cls: bool) -> Tensor:
+        """(N, 3H) packed projections -> (N, H) context rows by the fused kernel, q and k turned in place first;
+        `cls`: the [CLS] rows' only (the others left unwritten), filler rows zero."""
+        nh, hs = layer.heads, layer.head_size
+        w = nh * hs
+        self.rotate(layer, qkv, p)
+        ctx = qkv.new_zeros(len(qkv), w) if p.spare else qkv.new_empty(len(qkv), w)
+        rows = p.memo(f"modern rows {layer.local} {cls}", lambda: self._rows(p, layer.local, cls))
+        q, k, v = qkv[:, :w], qkv[:, w : 2 * w], qkv[:, 2 * w :]
+        return packed_attention(q, k, v, ctx, rows, nh, hs, head_mask, exact=True)  # pre-norm: float32 arithmetic
+
+    def rotate(self, layer: Layer, qkv: Tensor, p: Packing) -> None:
+        """Rotary positions on the q and k columns of the packed projections, in place."""
+        nh, hs = layer.heads, layer.head_size
+        table = self._table(layer.theta, hs, qkv.dtype, int(p.lengths[0]))  # packed longest first
+        if self.rope_kernel:
+            rotary_rows(qkv, p.positions, table, 2 * nh, hs)
+            return
+        cos, sin = table[p.positions].split(hs, dim=-1)  # (N, hs) each
+        qk = qkv[:, : 2 * nh * hs].unflatten(1, (2 * nh, hs))
+        xf, half = qk.float(), hs // 2
+        turned = torch.cat((-xf[..., half:], xf[..., :half]), dim=-1)
+        qk.copy_(xf * cos[:, None] + turned * sin[:, None])
+
+    def _table(self, theta: float, hs: int, dtype: torch.dtype, longest: int) -> Tensor:
+        """float32 (positions, 2 * hs): cos then sin of each position's angles, rounded to `dtype` as the
+        reference does; grown to a power of two as longer pairs come."""
+        key = (theta, hs, dtype)
+        t = self._tables.get(key)
+        if t is None or len(t) < longest:
+            cos, sin = rotary(torch.arange(max(256, 1 << (longest - 1).bit_length())), hs, theta, dtype)
+            t = self._tables[key] = torch.cat((cos, sin), dim=-1).float().contiguous()
+        return t
+
+    def _rows(self, p: Packing, local: bool, cls: bool) -> Rows:
+        """Which key rows each query row attends to: a pair's own rows; in a local layer, for a pair longer than
+        the window can hold, each query row's window (keys within half the window), one entry per row."""
+        starts, lengths, half = p.starts, p.lengths, self.cfg.local_attention // 2
+        klen = np.minimum(lengths, half + 1) if local else lengths
+        if cls:  # one query each, the [CLS] row: its window starts at the pair's first row
+            return Rows(starts, np.ones_like(lengths), starts, klen)
+        n = p.longer_than(half + 1) if local else 0  # packed longest first: pairs 0 .. n - 1 need windows
+        if n == 0:
+            return Rows(starts, lengths, starts, lengths)
+        pos = np.concatenate([np.arange(length) for length in lengths[:n]])
+        length = np.repeat(lengths[:n], lengths[:n])
+        lo, hi = np.maximum(pos - half, 0), np.minimum(pos + half + 1, length)
+        first = np.repeat(starts[:n], lengths[:n])
+        return Rows(
+            np.concatenate([first + pos, starts[n:]]),
+            np.concatenate([np.ones_like(pos), lengths[n:]]),
+            np.concatenate([first + lo, starts[n:]]),
+            np.concatenate([hi - lo, lengths[n:]]),
+        )
 
     def _attend(
         self,
@@ -139,10 +213,14 @@ class ModernPackedEngine:
         self.device, self.pad_id, self.kernels = device, pad_id, kernels
 
     def use_attention(self, kind: str) -> None:
-        """The per-group attention kernel, "math" or "sdpa" (A/Bs); the fused kernel is BERT's."""
-        if kind not in ("math", "sdpa"):
-            raise ValueError(f"ModernBERT attends per group with math or sdpa, not {kind!r}")
-        self.packed.grouped = kind
+        """The attention kernel (A/Bs and tests): "fused" (where it can run), or per group "math" or "sdpa"."""
+        if kind not in ("fused", "math", "sdpa"):
+            raise ValueError(f"ModernBERT attends with fused, math or sdpa, not {kind!r}")
+        if kind == "fused" and (why := fused_unavailable(self.packed)):
+            raise ValueError(f"the fused kernel cannot attend here: {why}")
+        self.packed.kernel = kind
+        if kind != "fused":
+            self.packed.grouped = kind
         self.kernels = replace(self.kernels, attention=kind, attention_reason="set by use_attention")
 
     def logits(
@@ -170,11 +248,58 @@ class ModernPackedEngine:
         return self
 
 
+def fused_unavailable(module: PackedModernBert) -> str | None:
+    """Why the fused kernel cannot attend for `module` (not built, a precision or head size it does not
+    compute), or None where it can."""
+    built, why = fused.available()
+    if not built:
+        return why
+    dtype, hs = module.encoder.word.weight.dtype, module.encoder.blocks[0].head_size
+    return None if fused.supports(dtype, hs) else f"it does not compute {dtype} at head size {hs}"
+
+
+@torch.no_grad()
+def rotary_probe(module: PackedModernBert) -> str | None:
+    """Why the C rotary kernel must not serve `module` (missing, or turning rows otherwise than torch's ops on
+    a random batch), or None where it matches them (float32: to 1e-6; bfloat16: to one rounding)."""
+    if not fused.rotary_available():
+        return "the library was built without it"
+    layer, dtype = module.encoder.blocks[0], module.encoder.word.weight.dtype
+    p = pack([[1] * n for n in (70, 33, 9)], [[0] * n for n in (70, 33, 9)], torch.device("cpu"), dtype)
+    torch.manual_seed(0)
+    qkv = torch.randn(len(p.ids), 3 * layer.heads * layer.head_size).to(dtype)
+    want, got = qkv.clone(), qkv.clone()
+    module.rope_kernel = False
+    module.rotate(layer, want, p)
+    module.rope_kernel = True
+    module.rotate(layer, got, p)
+    module.rope_kernel = False
+    tol = 1e-6 if dtype == torch.float32 else 1e-2
+    return None if torch.allclose(got.float(), want.float(), atol=tol, rtol=tol) else "it disagrees with torch's ops"
+
+
 def modern_engine(
-    module: ModernBertForRelevance, device: torch.device, dtype: torch.dtype, pad_id: int, onednn: bool
+    module: ModernBertForRelevance,
+    device: torch.device,
+    dtype: torch.dtype,
+    pad_id: int,
+    onednn: bool,
+    attention: str = "auto",
 ) -> ModernPackedEngine:
-    """The packed engine for a ModernBERT module (already cast to `dtype`), oneDNN linears with `onednn`."""
+    """The packed engine for a ModernBERT module (already cast to `dtype`), oneDNN linears with `onednn`; the
+    fused attention kernel unless `attention` is "torch" or it cannot run here (then torch's, per group)."""
     packed = PackedModernBert(module)
-    why = "ModernBERT attends per group of similar length (the fused kernel is BERT's)"
-    kernels = Kernels(install_linears(packed, dtype) if onednn else "plain", packed.grouped, None, why)
+    if attention == "torch":
+        why: str | None = "asked for torch's kernels"
+    else:
+        why = fused_unavailable(packed)
+    if why is None:
+        packed.kernel = "fused"
+        rope = rotary_probe(packed)
+        packed.rope_kernel = rope is None
+        turned = "in place (C)" if rope is None else f"by torch ({rope})"
+        reason = f"fused: every pair's rows in place, rotary {turned}"
+    else:
+        reason = f"{attention}: per group of similar length ({why})"
+    kernels = Kernels(install_linears(packed, dtype) if onednn else "plain", packed.kernel, None, reason)
     return ModernPackedEngine(packed, device, pad_id, kernels)
