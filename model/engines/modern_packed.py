@@ -23,7 +23,7 @@ from model.engines import fused
 from model.engines.base import EngineKind, Ids, Kernels
 from model.engines.fused import Rows, packed_attention, rotary_rows
 from model.engines.kernels import onednn_available, onednn_pays, per_group_attention, probe
-from model.engines.onednn import OneDNNLinear
+from model.engines.onednn import OneDNNGeGLU, OneDNNLinear, geglu_probe
 from model.engines.packed import MATH_MAX_TOKENS, math_attention
 from model.modernbert import Layer, ModernBertForRelevance, rotary, rotate
 from model.packing import AttentionGroup, Packing, pack, token_bucket, token_buckets
@@ -40,6 +40,12 @@ class PackedModernBert(ModernBertForRelevance):
         self.kernel = self.grouped  # or "fused" (modern_engine): the C kernel attends every pair in place
         self.rope_kernel = False  # rotary in place by the C kernel (probed by modern_engine), else torch's ops
         self._tables: dict[tuple[float, int, torch.dtype], Tensor] = {}
+        # the last layer's q for the [CLS] rows apart from k and v for every row (split_last_projection)
+        self.last_q: nn.Module | None = None
+        self.last_k: nn.Module | None = None
+        self.last_v: nn.Module | None = None
+        # per layer, its up projection, activation and gate in one oneDNN module (install_linears), or None
+        self.geglu: nn.ModuleList | None = None
         self.train(ref.training)
 
     def forward_packed(self, input_ids: Ids, token_type_ids: Ids, head_mask: Tensor | None = None) -> Tensor:
@@ -57,14 +63,24 @@ class PackedModernBert(ModernBertForRelevance):
         in_place = self._fused()
         for i, layer in enumerate(enc.blocks):
             hm = None if head_mask is None else head_mask[i].to(x.device)
-            qkv = layer.qkv(layer.attn_norm(x))
             cls = i == last and cls_only  # nothing but [CLS] is read of the last layer: exact, and less work
-            ctx = self._attend_in_place(layer, qkv, p, hm, cls) if in_place else self._attend(layer, qkv, p, ropes, hm)
-            if cls:
-                x, ctx = x.index_select(0, rows), ctx.index_select(0, rows)
+            if cls and in_place and self.last_q is not None:
+                x, ctx = self._attend_cls(layer, x, p, rows, hm)
+            else:
+                qkv = layer.qkv(layer.attn_norm(x))
+                ctx = (
+                    self._attend_in_place(layer, qkv, p, hm, cls)
+                    if in_place
+                    else self._attend(layer, qkv, p, ropes, hm)
+                )
+                if cls:
+                    x, ctx = x.index_select(0, rows), ctx.index_select(0, rows)
             x = x + layer.out(ctx)
-            gate_in, gate = layer.up(layer.mlp_norm(x)).chunk(2, dim=-1)
-            x = x + layer.down(layer.act(gate_in).mul_(gate))
+            if self.geglu is not None:
+                x = x + layer.down(self.geglu[i](layer.mlp_norm(x)))
+            else:
+                gate_in, gate = layer.up(layer.mlp_norm(x)).chunk(2, dim=-1)
+                x = x + layer.down(layer.act(gate_in).mul_(gate))
         x = enc.final_norm(x)
         if cls_only:
             pooled = x[:b]
@@ -88,19 +104,35 @@ class PackedModernBert(ModernBertForRelevance):
         w = nh * hs
         self.rotate(layer, qkv, p)
         ctx = qkv.new_zeros(len(qkv), w) if p.spare else qkv.new_empty(len(qkv), w)
-        rows = p.memo(f"modern rows {layer.local} {cls}", lambda: self._rows(p, layer.local, cls))
+        at = p.starts if cls else None
+        rows = p.memo(f"modern rows {layer.local} {cls}", lambda: self._rows(p, layer.local, at))
         q, k, v = qkv[:, :w], qkv[:, w : 2 * w], qkv[:, 2 * w :]
         return packed_attention(q, k, v, ctx, rows, nh, hs, head_mask, exact=True)  # pre-norm: float32 arithmetic
 
-    def rotate(self, layer: Layer, qkv: Tensor, p: Packing) -> None:
-        """Rotary positions on the q and k columns of the packed projections, in place."""
+    def _attend_cls(
+        self, layer: Layer, x: Tensor, p: Packing, rows: Tensor, head_mask: Tensor | None
+    ) -> tuple[Tensor, Tensor]:
+        """The last layer's attention for the [CLS] rows only: their q (at position 0, which rotary leaves as it
+        is), k and v of every row -> (x at `rows`, the context rows of `rows`)."""
+        assert self.last_q is not None and self.last_k is not None and self.last_v is not None
         nh, hs = layer.heads, layer.head_size
-        table = self._table(layer.theta, hs, qkv.dtype, int(p.lengths[0]))  # packed longest first
+        h = layer.attn_norm(x)
+        q, k, v = self.last_q(h.index_select(0, rows)), self.last_k(h), self.last_v(h)
+        self.rotate(layer, k, p, nh)
+        ctx = q.new_zeros(len(q), nh * hs)  # rows past the pairs' (bucket filler) stay zero
+        first = np.arange(len(p.lengths))
+        cls = p.memo(f"modern cls rows {layer.local}", lambda: self._rows(p, layer.local, first))
+        return x.index_select(0, rows), packed_attention(q, k, v, ctx, cls, nh, hs, head_mask, exact=True)
+
+    def rotate(self, layer: Layer, t: Tensor, p: Packing, heads: int | None = None) -> None:
+        """Rotary positions on the first `heads` heads (default: q's and k's) of packed rows, in place."""
+        nh, hs = heads or 2 * layer.heads, layer.head_size
+        table = self._table(layer.theta, hs, t.dtype, int(p.lengths[0]))  # packed longest first
         if self.rope_kernel:
-            rotary_rows(qkv, p.positions, table, 2 * nh, hs)
+            rotary_rows(t, p.positions, table, nh, hs)
             return
         cos, sin = table[p.positions].split(hs, dim=-1)  # (N, hs) each
-        qk = qkv[:, : 2 * nh * hs].unflatten(1, (2 * nh, hs))
+        qk = t[:, : nh * hs].unflatten(1, (nh, hs))
         xf, half = qk.float(), hs // 2
         turned = torch.cat((-xf[..., half:], xf[..., :half]), dim=-1)
         qk.copy_(xf * cos[:, None] + turned * sin[:, None])
@@ -115,13 +147,14 @@ class PackedModernBert(ModernBertForRelevance):
             t = self._tables[key] = torch.cat((cos, sin), dim=-1).float().contiguous()
         return t
 
-    def _rows(self, p: Packing, local: bool, cls: bool) -> Rows:
+    def _rows(self, p: Packing, local: bool, cls_at: np.ndarray | None = None) -> Rows:
         """Which key rows each query row attends to: a pair's own rows; in a local layer, for a pair longer than
-        the window can hold, each query row's window (keys within half the window), one entry per row."""
+        the window can hold, each query row's window (keys within half the window), one entry per row.
+        `cls_at`: the [CLS] queries only, pair i's at row cls_at[i] of q."""
         starts, lengths, half = p.starts, p.lengths, self.cfg.local_attention // 2
         klen = np.minimum(lengths, half + 1) if local else lengths
-        if cls:  # one query each, the [CLS] row: its window starts at the pair's first row
-            return Rows(starts, np.ones_like(lengths), starts, klen)
+        if cls_at is not None:  # one query each, at position 0: its window starts at the pair's first row
+            return Rows(cls_at, np.ones_like(lengths), starts, klen)
         n = p.longer_than(half + 1) if local else 0  # packed longest first: pairs 0 .. n - 1 need windows
         if n == 0:
             return Rows(starts, lengths, starts, lengths)
@@ -180,8 +213,27 @@ class PackedModernBert(ModernBertForRelevance):
         )
 
 
-def _linears(module: PackedModernBert) -> list[tuple[Layer, str]]:
-    return [(layer, name) for layer in module.encoder.blocks for name in ("qkv", "out", "up", "down")]
+def _linears(module: PackedModernBert) -> list[tuple[nn.Module, str]]:
+    own: list[tuple[nn.Module, str]] = [
+        (layer, n) for layer in module.encoder.blocks for n in ("qkv", "out", "up", "down")
+    ]
+    return own + [(module, n) for n in ("last_q", "last_k", "last_v") if getattr(module, n) is not None]
+
+
+@torch.no_grad()
+def split_last_projection(module: PackedModernBert) -> None:
+    """Give the last layer q, k and v projections of their own (as BERT's packed path does): q then runs on
+    the [CLS] rows alone, a third of that layer's projection saved; each has the output layer's shape, whose
+    oneDNN kernels are built anyway. Only the fused path with [CLS] pooling uses them."""
+    layer = module.encoder.blocks[-1]
+    lin = layer.qkv
+    w = layer.heads * layer.head_size
+    for i, name in enumerate(("last_q", "last_k", "last_v")):
+        part = nn.Linear(lin.in_features, w, bias=lin.bias is not None, dtype=lin.weight.dtype)
+        part.weight.copy_(lin.weight[i * w : (i + 1) * w])
+        if lin.bias is not None:
+            part.bias.copy_(lin.bias[i * w : (i + 1) * w])
+        setattr(module, name, part.requires_grad_(False))
 
 
 @torch.no_grad()
@@ -193,11 +245,20 @@ def install_linears(module: PackedModernBert, dtype: torch.dtype) -> str:
     failure = probe(dtype)
     if failure is not None:
         return f"plain (probe failed: {failure})"
+    gelu = {"gelu": "none", "gelu_new": "tanh", "gelu_pytorch_tanh": "tanh"}.get(module.cfg.hidden_act)
+    if gelu is not None and geglu_probe(dtype) is None:  # GeGLU in the up projection's kernels
+        ups = [layer.up for layer in module.encoder.blocks]
+        module.geglu = nn.ModuleList(OneDNNGeGLU(up.weight, _bias(up), gelu) for up in ups)
     for layer, name in _linears(module):
+        if name == "up" and module.geglu is not None:
+            continue  # the GeGLU modules hold its weights
         lin = cast(nn.Linear, getattr(layer, name))
-        bias = lin.bias if lin.bias is not None else torch.zeros(lin.out_features, dtype=lin.weight.dtype)
-        setattr(layer, name, OneDNNLinear(lin.weight, bias))
-    return "onednn-packed"
+        setattr(layer, name, OneDNNLinear(lin.weight, _bias(lin)))
+    return "onednn-packed" + (", GeGLU fused" if module.geglu is not None else "")
+
+
+def _bias(lin: nn.Linear) -> Tensor:
+    return lin.bias if lin.bias is not None else torch.zeros(lin.out_features, dtype=lin.weight.dtype)
 
 
 class ModernPackedEngine:
@@ -232,15 +293,15 @@ class ModernPackedEngine:
     def warm_up(self, max_batch_tokens: int) -> None:
         """Every distinct linear layer at every packed token count up to `max_batch_tokens`: oneDNN builds a
         kernel per shape."""
-        if self.kernels.cpu_kernels != "onednn-packed":
+        if not self.kernels.cpu_kernels.startswith("onednn-packed"):
             return
-        seen: dict[tuple[int, int], OneDNNLinear] = {}
-        for layer, name in _linears(self.packed):
-            lin = cast(OneDNNLinear, getattr(layer, name))
-            seen.setdefault((lin.weight_in, lin.out_features), lin)
+        seen: dict[tuple[type, int, int], nn.Module] = {}  # a kernel per op and shape
+        mods = [getattr(layer, name) for layer, name in _linears(self.packed)]
+        for lin in [m for m in mods if isinstance(m, OneDNNLinear)] + list(self.packed.geglu or []):
+            seen.setdefault((type(lin), int(lin.weight_in), int(lin.out_features)), lin)  # type: ignore[arg-type]
         dtype = self.packed.encoder.word.weight.dtype
         for n in token_buckets(max_batch_tokens):
-            for (fan_in, _), lin in seen.items():
+            for (_, fan_in, _), lin in seen.items():
                 lin(torch.zeros(n, fan_in, dtype=dtype))
 
     @property
@@ -295,6 +356,8 @@ def modern_engine(
         why = fused_unavailable(packed)
     if why is None:
         packed.kernel = "fused"
+        if packed.cfg.classifier_pooling == "cls":
+            split_last_projection(packed)
         rope = rotary_probe(packed)
         packed.rope_kernel = rope is None
         turned = "in place (C)" if rope is None else f"by torch ({rope})"

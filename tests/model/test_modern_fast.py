@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from model.engines import fused
+from model.engines.onednn import geglu_probe
 from model.modernbert import rotary, rotate
 from model.relevance import RelevanceModel
 from tests.model.arch_fixtures import INIT, center_head, random_pairs, tiny_wordpiece
@@ -65,6 +66,10 @@ def test_fused_path_matches_the_grouped_one(wide):
     fast = model.logits(ids, segs, raw=True)
     eng.packed.rope_kernel = False  # torch's rotation, as where the library lacks the kernel
     torch.testing.assert_close(model.logits(ids, segs, raw=True), fast, atol=1e-5, rtol=0)
+    if eng.packed.geglu is not None:  # GeGLU in oneDNN's kernels (where its probe passed) against torch's ops
+        assert geglu_probe(torch.float32) is None and "GeGLU fused" in eng.kernels.cpu_kernels
+        eng.packed.geglu = None
+        torch.testing.assert_close(model.logits(ids, segs, raw=True), fast, atol=1e-5, rtol=0)
     eng.use_attention("sdpa")
     torch.testing.assert_close(model.logits(ids, segs, raw=True), fast, atol=1e-5, rtol=0)
     with pytest.raises(ValueError, match="fused, math or sdpa"):
