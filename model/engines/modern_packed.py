@@ -254,7 +254,7 @@ def install_linears(module: PackedModernBert, dtype: torch.dtype) -> str:
             continue  # the GeGLU modules hold its weights
         lin = cast(nn.Linear, getattr(layer, name))
         setattr(layer, name, OneDNNLinear(lin.weight, _bias(lin)))
-    return "onednn-packed" + (", GeGLU fused" if module.geglu is not None else "")
+    return "onednn-packed"
 
 
 def _bias(lin: nn.Linear) -> Tensor:
@@ -293,7 +293,7 @@ class ModernPackedEngine:
     def warm_up(self, max_batch_tokens: int) -> None:
         """Every distinct linear layer at every packed token count up to `max_batch_tokens`: oneDNN builds a
         kernel per shape."""
-        if not self.kernels.cpu_kernels.startswith("onednn-packed"):
+        if self.kernels.cpu_kernels != "onednn-packed":
             return
         seen: dict[tuple[type, int, int], nn.Module] = {}  # a kernel per op and shape
         mods = [getattr(layer, name) for layer, name in _linears(self.packed)]
@@ -364,5 +364,8 @@ def modern_engine(
         reason = f"fused: every pair's rows in place, rotary {turned}"
     else:
         reason = f"{attention}: per group of similar length ({why})"
-    kernels = Kernels(install_linears(packed, dtype) if onednn else "plain", packed.kernel, None, reason)
+    linears = install_linears(packed, dtype) if onednn else "plain"
+    if packed.geglu is not None:
+        reason += "; GeGLU in oneDNN's kernels"
+    kernels = Kernels(linears, packed.kernel, None, reason)
     return ModernPackedEngine(packed, device, pad_id, kernels)
