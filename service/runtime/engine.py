@@ -209,8 +209,8 @@ class Engine(TextSide):
         use_cache: bool = True,
         model: str | None = None,
         priority: str = "high",
-        encoded: Encoded | None = None,
         max_unknown: float | None = None,
+        encoded: Encoded | None = None,
     ) -> Scored:
         """Score the pairs with the model named (None: the default), each distinct pair once: from the
         cache (unless `use_cache` is false: the caller asked for fresh scores, which are then cached),
