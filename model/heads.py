@@ -19,6 +19,7 @@ import torch
 from torch import Tensor
 
 from model.config import BertConfig, ConfigError
+from model.levels import NO_LOGIT
 from model.scoring import merge_classes
 
 LEVELS_KEY = "qtrel_levels"  # a one-logit head's levels, in order, lowest first (written by qtrel calibrate)
@@ -51,9 +52,7 @@ class Head:
         if self.kind == "levels":
             return merge_classes(logits, list(self.class_levels))
         z = logits.float()[:, :1]
-        out = torch.full(
-            (len(z), len(self.levels)), torch.finfo(torch.float32).min, device=z.device
-        )  # no mass between the ends
+        out = torch.full((len(z), len(self.levels)), NO_LOGIT, device=z.device)  # no mass between the ends
         out[:, :1] = 0.0
         out[:, -1:] = z
         return out

@@ -12,6 +12,9 @@ MAX_BATCH_TOKENS = 8192  # padded tokens per forward pass: the default of the se
 # Word pieces consecutive windows of a long title share by default (model.windows); named as the API names it:
 # the service's chunk_overlap setting, qtrel score's --chunk-overlap
 CHUNK_OVERLAP = 32
+# The logit of a level no probability reaches (a one-logit head's levels between its lowest and its highest):
+# float32's lowest, so softmax gives it exactly 0; never a score to show (raw_level_scores leaves it out).
+NO_LOGIT = float.fromhex("-0x1.fffffep+127")
 
 
 def level_numbers(labels: Sequence[str]) -> list[float]:
@@ -53,3 +56,11 @@ class PairScore:
     probs: list[float]  # per level, in the order of the model's labels
     level: int  # class index chosen by the model's level rule
     expected: float  # expected level: the ranking score
+
+
+def raw_level_scores(level_logits: Sequence[float], labels: Sequence[str]) -> list[tuple[float, str]]:
+    """Each level's raw logit with its label (TEI /predict with `raw_scores`), best first. A level with no logit
+    of its own (NO_LOGIT: a calibrated one-logit head's middle levels) is left out: such a head answers its
+    lowest level at 0 and its highest at its logit."""
+    kept = [(float(v), lab) for v, lab in zip(level_logits, labels) if v > NO_LOGIT / 2]
+    return sorted(kept, key=lambda p: -p[0])

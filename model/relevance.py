@@ -182,6 +182,8 @@ class RelevanceModel:
     def describe(self) -> dict[str, Any]:
         """What a server reports about the loaded model (plain JSON-ready values)."""
         k = self.kernels
+        # ModernBERT's fused attention runs float32 arithmetic on any dtype (model.engines.modern_packed)
+        arithmetic = "float32" if self.cfg.model_type == "modernbert" else self.dtype
         return {
             "name": self.name,
             "labels": list(self.labels),
@@ -197,7 +199,7 @@ class RelevanceModel:
             "attention": k.attention,
             "attention_probe": k.attention_probe,
             "attention_reason": k.attention_reason,
-            "attention_path": attention_path(k.attention, self.dtype),
+            "attention_path": attention_path(k.attention, arithmetic),
             "fused_norm": k.fused_norm,
             "inference": self.inference_choice.name,
             "inference_reason": self.inference_choice.reason,

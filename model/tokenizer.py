@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
@@ -35,6 +35,9 @@ class EncodedPairs:
     input_ids: list[list[int]]  # per pair, unpadded
     token_type_ids: list[list[int]]
     truncated: list[bool]
+    # per pair, the share of its query's and title's pieces (before truncation) that are the unknown token:
+    # text the vocabulary cannot read (0 for a tokenizer without one); counted from the ids encode made
+    unknown: list[float] = field(default_factory=list)
 
     @property
     def lengths(self) -> list[int]:
@@ -254,7 +257,7 @@ class PairTokenizer:
     def _frame(self, cuts: Sequence[PairCut]) -> EncodedPairs:
         """The template's frame (`[CLS] query [SEP] title [SEP]` with segment ids 0/1 for BERT) of what each
         cut kept."""
-        out = EncodedPairs([], [], [])
+        out = EncodedPairs([], [], [], self.unknown_share(cuts))
         for c in cuts:
             ids, types = self.template.frame(c.query_kept, c.title_kept)
             out.input_ids.append(ids)

@@ -203,7 +203,7 @@ class Settings(BaseSettings):
     max_pairs_per_request: int = Field(2048, ge=1, description="beyond: 413")
     max_text_chars: int = Field(2000, ge=1, description="characters per query or title; beyond: 413")
     unknown_share_warn: float = Field(
-        0.3, ge=0, le=1, description="/score warns of pairs whose share of unknown tokens is over this"
+        0.3, ge=0, le=1, description="scoring routes warn of pairs whose share of unknown tokens is over this"
     )
     unknown_share_refuse: float | None = Field(
         None, ge=0, le=1, description="refuse (422) pairs whose share of unknown tokens is over this; none: serve all"

@@ -6,8 +6,9 @@
  * Pair p owns key/value rows kstart[p] .. kstart[p] + klen[p] - 1 and query rows qstart[p] .. + qlen[p] - 1
  * (qlen = klen in a whole layer; 1 in the [CLS]-only last layer); its context rows go to the same rows of
  * `out` as its query rows. Head h of a row is the hs elements from column h * hs of that row's q, k, v or
- * out; rows are `*_stride` elements apart. dtype 0: float32; 1: bfloat16 (uint16 storage). The arithmetic is
- * float32 either way; softmax as torch's (the row's max subtracted, exp, divided by the sum).
+ * out; rows are `*_stride` elements apart. dtype 0: float32; 1: bfloat16 (uint16 storage); 2: bfloat16 held to
+ * the float32 arithmetic below (no AVX512-BF16 dot products, no AMX tiles: ModernBERT's pre-norm layers carry
+ * their rounding on). The arithmetic is float32 either way; softmax as torch's (the row's max subtracted, exp, divided by the sum).
  *
  * Compiled for x86-64-v4 (AVX-512), v3 (AVX2 + FMA) and a baseline, chosen at load by the CPU (GCC's
  * target_clones), so one binary serves every CPU an image lands on. 8-lane GCC vectors throughout. */
@@ -871,5 +872,72 @@ int qtrel_add_layer_norm(int dtype, const void *x, int64_t xs, const void *r, in
     else
         gomp_parallel(norm_member, &job, (unsigned)threads, 0);
     free(buf);
+    return 0;
+}
+
+/* Rotary positions in place on packed rows (ModernBERT's q and k, right after their projection): the `heads`
+ * heads of row n (hs elements each from column h * hs; q's heads then k's, one projection's columns) at
+ * position pos[n] become x * cos + turn(x) * sin, turn(x) = (-x[hs/2:], x[:hs/2]). `cs` holds float32 rows
+ * of cos then sin (2 * hs per position), already rounded to the dtype as transformers rounds them; the
+ * arithmetic is float32, rounded once to the dtype, as the reference's. */
+CLONES static void rotary_rows(int dtype, void *x, int64_t xs, int64_t r0, int64_t r1, const int64_t *pos,
+                               int64_t heads, int64_t hs, const float *cs) {
+    const int64_t half = hs / 2, vec = half / 8 * 8;
+    for (int64_t n = r0; n < r1; n++) {
+        const float *c = cs + pos[n] * 2 * hs, *s = c + hs;
+        for (int64_t h = 0; h < heads; h++) {
+            const int64_t at = n * xs + h * hs;
+            for (int64_t d = 0; d < vec; d += 8) {
+                const v8 a = load8(dtype, x, at + d), b = load8(dtype, x, at + half + d);
+                store8(dtype, x, at + d, a * LD(c + d) - b * LD(s + d));
+                store8(dtype, x, at + half + d, b * LD(c + half + d) + a * LD(s + half + d));
+            }
+            for (int64_t d = vec; d < half; d++) { /* head sizes whose half is not a multiple of 8 */
+                float a, b;
+                if (dtype == 0) {
+                    a = ((float *)x)[at + d], b = ((float *)x)[at + half + d];
+                    ((float *)x)[at + d] = a * c[d] - b * s[d];
+                    ((float *)x)[at + half + d] = b * c[half + d] + a * s[half + d];
+                } else {
+                    uint16_t *y = x;
+                    uint32_t ua = (uint32_t)y[at + d] << 16, ub = (uint32_t)y[at + half + d] << 16, u;
+                    memcpy(&a, &ua, 4), memcpy(&b, &ub, 4);
+                    const float lo = a * c[d] - b * s[d], hi = b * c[half + d] + a * s[half + d];
+                    memcpy(&u, &lo, 4), y[at + d] = (uint16_t)((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
+                    memcpy(&u, &hi, 4), y[at + half + d] = (uint16_t)((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
+                }
+            }
+        }
+    }
+}
+
+typedef struct {
+    int dtype;
+    void *x;
+    int64_t xs, rows, heads, hs;
+    const int64_t *pos;
+    const float *cs;
+    int parts;
+} rotary_job_t;
+
+static void rotary_member(void *arg) {
+    rotary_job_t *j = arg;
+    for (int t = omp_thread_num(), n = omp_num_threads(); t < j->parts; t += n)
+        rotary_rows(j->dtype, j->x, j->xs, j->rows * t / j->parts, j->rows * (t + 1) / j->parts, j->pos, j->heads,
+                    j->hs, j->cs);
+}
+
+/* Returns 0; -2 for an odd head size (nothing written then). The caller checks that every row and position
+ * lies inside its tensors. `threads` > 1 splits the rows on the OpenMP team; the result is the same. */
+int qtrel_rotary(int dtype, void *x, int64_t xs, int64_t rows, const int64_t *pos, int64_t heads, int64_t hs,
+                 const float *cs, int threads) {
+    if (hs <= 0 || hs % 2) return -2;
+    if (rows <= 0) return 0;
+    threads = team_size(threads, rows);
+    rotary_job_t job = {dtype, x, xs, rows, heads, hs, pos, cs, threads};
+    if (threads == 1)
+        rotary_rows(dtype, x, xs, 0, rows, pos, heads, hs, cs);
+    else
+        gomp_parallel(rotary_member, &job, (unsigned)threads, 0);
     return 0;
 }

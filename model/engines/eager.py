@@ -106,7 +106,7 @@ def torch_engine(
     kernels = Kernels()
     if isinstance(module, ModernBertForRelevance):  # its own packed engine (model.engines.modern_packed)
         if unpadded and cpu and torch_dtype is not None:
-            return modern_engine(module, device, torch_dtype, pad_id, onednn)
+            return modern_engine(module, device, torch_dtype, pad_id, onednn, attention)
         return PaddedEngine(module, device, pad_id, kernels)
     if onednn and torch_dtype is not None and cpu and isinstance(module, PackedBertForRelevance):
         cpu_kernels = install_cpu_kernels(module, torch_dtype)

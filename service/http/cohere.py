@@ -24,7 +24,7 @@ from service.http.deps import EngineDep, MetricsDep, SettingsDep, TimeoutHeader,
 from service.http.documents import DOCUMENTS, RANK_FIELDS, Document, RankFields, echoed, title_of
 from service.http.priority import OPENAPI as PRIORITY_HEADER
 from service.http.priority import priority_of
-from service.http.routes import ERRORS, score_watched, window_of
+from service.http.routes import ERRORS, score_watched, unread_warning, window_of
 from service.http.schemas import (
     MAX_CHUNKS,
     NOT_BLANK,
@@ -32,6 +32,7 @@ from service.http.schemas import (
     PAIRS,
     PRIORITY,
     TEXT_CHARS,
+    UNKNOWN_SHARE,
     AtLeastOne,
     Overlap,
     Priority,
@@ -131,6 +132,7 @@ class CompatRerankResult(BaseModel):
     document: dict[str, JsonValue] | None = Field(
         None, description="only with return_documents: `{text}` for a string document, an object as it was sent"
     )
+    unknown_share: float = Field(0.0, description=UNKNOWN_SHARE + " (qtrel's, not Cohere's)")
     window: WindowResult | None = Field(
         None, description="with max_chunks_per_doc: the window whose score this is (qtrel's, not Cohere's)"
     )
@@ -141,7 +143,8 @@ class CompatRerankResponse(BaseModel):
     model: str = Field(description="the served model that scored")
     results: list[CompatRerankResult] = Field(description="best first")
     meta: dict[str, Any] = Field(
-        description="Cohere's api_version, billed_units (search_units: one per 100 documents, input_tokens) and tokens"
+        description="Cohere's api_version, billed_units (search_units: one per 100 documents, input_tokens) and "
+        "tokens; warnings: documents the model mostly cannot read (unknown_share_warn)"
     )
     usage: dict[str, int] = Field(description="Jina's and vLLM's: total_tokens")
     below_cutoff: int | None = Field(None, description=cutoff.BELOW + " (qtrel's)")
@@ -180,7 +183,7 @@ async def rerank(
         if not cutoff.kept(out.level, relevance, floor, body.min_score):
             below += 1
             continue
-        r: dict[str, Any] = {"index": i, "relevance_score": relevance}
+        r: dict[str, Any] = {"index": i, "relevance_score": relevance, "unknown_share": round(scored.unknown[i], 4)}
         doc = body.documents[i]
         if isinstance(doc, dict) and "id" in doc:
             r["id"] = doc["id"]
@@ -198,6 +201,8 @@ async def rerank(
         "billed_units": {"search_units": math.ceil(len(texts) / 100), "input_tokens": tokens},
         "tokens": {"input_tokens": tokens, "output_tokens": 0},
     }
+    if warning := unread_warning(scored, settings):
+        meta["warnings"] = [warning]  # Cohere's own place for them
     answer: dict[str, Any] = {
         "id": str(uuid.uuid4()),
         "model": scored.model,

@@ -26,6 +26,7 @@ from service.runtime.engine import (
     ReloadBusy,
     ReloadFailed,
     TooManyWindows,
+    Unreadable,
 )
 
 log = logging.getLogger("qtrel.errors")
@@ -61,6 +62,7 @@ RUNTIME_ERRORS: tuple[tuple[type[Exception], ErrorKind], ...] = (
     (DeadlineExceeded, ErrorKind.TIMEOUT),
     (InputTooLong, ErrorKind.TOO_LARGE),
     (TooManyWindows, ErrorKind.TOO_LARGE),
+    (Unreadable, ErrorKind.VALIDATION),
     (ModelNotFound, ErrorKind.MODEL_NOT_FOUND),
     (ReloadBusy, ErrorKind.CONFLICT),
     (ReloadFailed, ErrorKind.RELOAD_FAILED),

@@ -10,7 +10,7 @@ from typing import Any
 from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse, PlainTextResponse
 
-from model.levels import raw_score
+from model.levels import raw_level_scores, raw_score
 from service.errors import ErrorKind, ServiceError
 from service.http import cutoff
 from service.http.deps import EngineDep, MetricsDep, SettingsDep, TimeoutHeader, UseCacheDep
@@ -37,6 +37,7 @@ metrics_router = APIRouter()  # /metrics: open unless protect_metrics
 ERRORS: dict[int | str, dict[str, Any]] = {
     c: {"model": ErrorBody} for c in (400, 401, 403, 404, 408, 413, 422, 429, 499, 500, 503)
 }
+WARNING_HEADER = "X-Qtrel-Warning"  # TEI /rerank's unknown_share_warn warning (its body is a bare list)
 log = logging.getLogger("qtrel.http")
 LOGGED_TEXTS = 20  # with log_texts on, the first queries and titles of a request logged at debug
 
@@ -80,16 +81,11 @@ async def score_watched(
 ) -> Scored | Windowed:
     """Score (each long title in at most `max_chunks` windows, when given), dropping the work the moment the
     client disconnects: its queued pairs never reach the model. A client already gone costs no tokenisation.
-    The hang-up cancels this very task (no second task, no `asyncio.wait`: ~15 us a request less)."""
+    The hang-up cancels this very task (no second task, no `asyncio.wait`: ~15 us a request less). A pair
+    whose unknown share is over unknown_share_refuse is refused (422) before any pair is forwarded."""
     check_limits(settings, queries, titles)
-    if (limit := settings.unknown_share_refuse) is not None:
-        shares = await engine.unknown_shares(queries, titles, kw.get("model"))
-        if (i := next((i for i, x in enumerate(shares) if x > limit), None)) is not None:
-            raise ServiceError(
-                ErrorKind.VALIDATION,
-                f"pair {i}: {shares[i]:.0%} of its tokens are unknown to the model (unknown_share_refuse "
-                f"{limit}); it cannot read this text: choose a model for its language (GET /v1/models)",
-            )
+    if settings.unknown_share_refuse is not None:
+        kw["max_unknown"] = settings.unknown_share_refuse
     gone = asyncio.ensure_future(disconnected(request))
     await asyncio.sleep(0)  # let it see a hang-up that came with the body
     if not gone.done():
@@ -117,6 +113,17 @@ async def score_watched(
             gone.cancel()
     metrics.rejected.labels("disconnected").inc()
     raise ServiceError(ErrorKind.CLIENT_CLOSED, "client closed the connection")
+
+
+def unread_warning(scored: Scored | Windowed, settings: Settings) -> str | None:
+    """The warning of a response whose pairs the model mostly cannot read (over unknown_share_warn), if any."""
+    limit = settings.unknown_share_warn
+    if not (unread := [i for i, x in enumerate(scored.unknown) if x > limit]):
+        return None
+    return (
+        f"{scored.model} cannot read most of pair(s) {unread[:10]} (over {limit:.0%} unknown tokens, see "
+        "unknown_share): their grades are not meaningful; GET /v1/models lists the languages each model reads"
+    )
 
 
 def window_of(scored: Scored | Windowed, i: int) -> dict[str, Any] | None:
@@ -162,7 +169,7 @@ async def score(
     )
     labels = scored.labels
     floor = cutoff.level_floor(body.min_level, labels, scored.model)
-    shares = await engine.unknown_shares(queries, titles, body.model)
+    shares = scored.unknown
     results, below = [], 0
     for i, (out, n, cut) in enumerate(zip(scored.outputs, scored.lengths, scored.truncated)):
         if not cutoff.kept(out.level, out.expected, floor, body.min_score):
@@ -188,12 +195,8 @@ async def score(
     if floor is not None or body.min_score is not None:
         response["below_cutoff"] = below
         headers[cutoff.HEADER] = str(below)
-    if unread := [i for i, x in enumerate(shares) if x > settings.unknown_share_warn]:
-        response["warnings"] = [
-            f"{scored.model} cannot read most of pair(s) {unread[:10]} (over {settings.unknown_share_warn:.0%} "
-            "unknown tokens, see unknown_share): their grades are not meaningful; GET /v1/models lists the "
-            "languages each model reads"
-        ]
+    if warning := unread_warning(scored, settings):
+        response["warnings"] = [warning]
     return JSONResponse(response, headers=headers)
 
 
@@ -231,8 +234,10 @@ async def predict(
     labels = scored.labels
     out = []
     for o in scored.outputs:
-        vals = o.logits if body.raw_scores else o.probs
-        ranked = sorted(zip(vals, labels), key=lambda p: -p[0])
+        if body.raw_scores:
+            ranked = raw_level_scores(o.logits, labels)
+        else:
+            ranked = sorted(zip(o.probs, labels), key=lambda p: -p[0])
         out.append([{"score": v, "label": lab} for v, lab in ranked])
     return JSONResponse(out[0] if body.single else out)
 
@@ -274,14 +279,20 @@ async def rerank(
     for i, o in enumerate(scored.outputs):
         if not cutoff.kept(o.level, o.expected, floor, body.min_score):
             continue
-        r: dict[str, Any] = {"index": i, "score": raw_score(o.logits) if body.raw_scores else o.expected}
+        r: dict[str, Any] = {
+            "index": i,
+            "score": raw_score(o.logits) if body.raw_scores else o.expected,
+            "unknown_share": round(scored.unknown[i], 4),
+        }
         if body.return_text:
             r["text"] = body.texts[i]
         if (w := window_of(scored, i)) is not None:
             r["window"] = w
         ranks.append(r)
-    below = {} if floor is None and body.min_score is None else {cutoff.HEADER: str(len(scored.outputs) - len(ranks))}
-    return JSONResponse(sorted(ranks, key=lambda r: -r["score"]), headers=below)
+    headers = {} if floor is None and body.min_score is None else {cutoff.HEADER: str(len(scored.outputs) - len(ranks))}
+    if warning := unread_warning(scored, settings):  # TEI's answer is a bare list: the warning goes in a header
+        headers[WARNING_HEADER] = warning
+    return JSONResponse(sorted(ranks, key=lambda r: -r["score"]), headers=headers)
 
 
 # --- operations ----------------------------------------------------------------------------

@@ -117,6 +117,10 @@ def _blank(texts: list[str], what: str) -> None:
             raise ValueError(f"{what} {i} is empty or whitespace")
 
 
+UNKNOWN_SHARE = (
+    "share of the pair's word pieces (query and title, before truncation) that are the model's unknown token: "
+    "text its vocabulary cannot read"
+)
 RAW_SCORES = (
     "score with the raw logit instead: a one-logit head's logit (its score is the sigmoid of it); a k-level "
     "head's top-level logit minus its lowest-level logit"
@@ -190,9 +194,7 @@ class ScoreResult(BaseModel):
     probs: dict[str, float] | None = Field(None, description="probability per level")
     tokens: int = Field(description="tokens the pair used, special tokens included")
     truncated: bool
-    unknown_share: float = Field(
-        0.0, description="share of the pair's tokens the model's vocabulary cannot read (its unknown token)"
-    )
+    unknown_share: float = Field(0.0, description=UNKNOWN_SHARE)
     window: WindowResult | None = Field(None, description="with max_chunks: the window whose scores these are")
 
 
@@ -275,6 +277,7 @@ class RerankRequest(BaseModel):
 class Rank(BaseModel):
     index: int
     score: float = Field(description="expected level (or its logit-based value with raw_scores)")
+    unknown_share: float = Field(0.0, description=UNKNOWN_SHARE + " (qtrel's, not TEI's)")
     text: str | None = None
     window: WindowResult | None = Field(None, description="with max_chunks: the window whose score this is")
 

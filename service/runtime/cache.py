@@ -3,7 +3,7 @@
 A key is the model's name and load generation, the truncation mode and side, `max_length`, the query and
 the title: the same key always means the same token ids through the same weights, so a hit returns exactly
 what a forward would. The value is the pair's `PairScore` (logits, probabilities, level, expected level)
-with its token count and truncation flag, packed into one `bytes` of doubles: floats round-trip bit for
+with its token count, truncation flag and unknown share, packed into one `bytes` of doubles: floats round-trip bit for
 bit, and an entry costs ~330 bytes plus its texts instead of ~1 KB of Python lists and floats.
 
 Bounded by bytes (each entry charged its measured size, `entry_bytes`), least recently used out first.
@@ -38,11 +38,12 @@ class Cached:
     output: PairScore
     length: int  # tokens, special tokens included
     truncated: bool
+    unknown: float  # the share of its text the model cannot read (EncodedPairs.unknown)
 
 
 def _fmt(classes: int) -> struct.Struct:
-    # logits, probs, expected as float64 (exact for Python floats), then level, length, truncated
-    return struct.Struct(f"<{2 * classes + 1}dHH?")
+    # logits, probs, expected, unknown share as float64 (exact for Python floats), then level, length, truncated
+    return struct.Struct(f"<{2 * classes + 2}dHH?")
 
 
 class ScoreCache:
@@ -108,13 +109,13 @@ class ScoreCache:
         o = c.output
         k = len(o.logits)
         fmt = self._fmts.get(k) or self._fmts.setdefault(k, _fmt(k))
-        return fmt.pack(*o.logits, *o.probs, o.expected, o.level, c.length, c.truncated)
+        return fmt.pack(*o.logits, *o.probs, o.expected, c.unknown, o.level, c.length, c.truncated)
 
     def _unpack(self, packed: bytes) -> Cached:
-        k = (len(packed) - 5) // 16
+        k = (len(packed) - 13) // 16
         vals = self._fmts[k].unpack(packed)
-        out = PairScore(list(vals[:k]), list(vals[k : 2 * k]), vals[2 * k + 1], vals[2 * k])
-        return Cached(out, vals[2 * k + 2], vals[2 * k + 3])
+        out = PairScore(list(vals[:k]), list(vals[k : 2 * k]), vals[2 * k + 2], vals[2 * k])
+        return Cached(out, vals[2 * k + 3], vals[2 * k + 4], vals[2 * k + 1])
 
 
 def entry_bytes(key: Key, packed: bytes) -> int:

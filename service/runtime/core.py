@@ -223,7 +223,9 @@ class CoreServer:
         tracing = self.engine.tracing
         try:
             with tracing.attached(tracing.context_of(a.pop("tp"))):
-                enc = Encoded(EncodedPairs(a.pop("ids"), a.pop("segs"), a.pop("cut")), a.pop("generation"))
+                enc = Encoded(
+                    EncodedPairs(a.pop("ids"), a.pop("segs"), a.pop("cut"), a.pop("unk")), a.pop("generation")
+                )
                 return scored_value(await self.engine.score(a.pop("queries"), a.pop("titles"), encoded=enc, **a))
         finally:
             request_id.reset(token)

@@ -17,14 +17,19 @@ class Encoded:
 
     def pick(self, rows: list[int]) -> EncodedPairs:
         p = self.pairs
-        return self.pick_from(p.input_ids, p.token_type_ids, p.truncated, rows)
+        return self.pick_from(p.input_ids, p.token_type_ids, p.truncated, p.unknown, rows)
 
     @staticmethod
-    def pick_from(ids: list, segs: list, cut: list, rows: list[int]) -> EncodedPairs:
+    def pick_from(ids: list, segs: list, cut: list, unk: list, rows: list[int]) -> EncodedPairs:
         """The rows' pairs (all of them when `rows` is every row in order: no copy)."""
         if len(rows) == len(ids):
-            return EncodedPairs(ids, segs, cut)
-        return EncodedPairs([ids[i] for i in rows], [segs[i] for i in rows], [cut[i] for i in rows])
+            return EncodedPairs(ids, segs, cut, unk)
+        return EncodedPairs(
+            [ids[i] for i in rows],
+            [segs[i] for i in rows],
+            [cut[i] for i in rows],
+            [unk[i] for i in rows] if unk else [],
+        )
 
 
 class Stale(BackendError):

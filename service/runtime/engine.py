@@ -30,7 +30,7 @@ from service.runtime.encoded import Encoded, Stale
 from service.runtime.flight import Flight, Flights
 from service.runtime.layout import package_version, resolve_http_workers
 from service.runtime.models import ModelNotFound, Models, ReloadBusy, ReloadFailed, Served, Slot
-from service.runtime.results import InferenceFailed, InputTooLong, Scored, Tokenized
+from service.runtime.results import InferenceFailed, InputTooLong, Scored, Tokenized, Unreadable, check_readable
 from service.runtime.scoring import FrameSide, describe_error
 from service.runtime.texts import INLINE_PAIRS, TextSide
 from service.runtime.windows import TooManyWindows, Windowed, WindowPick
@@ -57,6 +57,7 @@ __all__ = [  # the errors HTTP maps (service.http.errors), with the engine's own
     "Stale",
     "Tokenized",
     "TooManyWindows",
+    "Unreadable",
     "WindowPick",
     "Windowed",
 ]
@@ -210,6 +211,7 @@ class Engine(TextSide, FrameSide):
         use_cache: bool = True,
         model: str | None = None,
         priority: str = "high",
+        max_unknown: float | None = None,
         encoded: Encoded | None = None,
     ) -> Scored:
         """Score the pairs with the model named (None: the default), each distinct pair once: from the
@@ -218,14 +220,15 @@ class Engine(TextSide, FrameSide):
         default model's pairs is handed to the shadow model, if any, after the answer is known.
         `encoded`: the pairs as a front process tokenised them, with that model's load generation (Stale
         when the model was reloaded since). `priority`: "high" (interactive) or "low" (score jobs: forwarded
-        only while no high work waits)."""
+        only while no high work waits). `max_unknown`: refuse (Unreadable) a pair whose unknown share is over it,
+        before any pair is forwarded."""
         served = self.require_ready(model)
         deadline = time.monotonic() + (timeout_ms or self.settings.request_timeout_ms) / 1000
         args = (queries, titles, truncation, side, deadline, allow_truncation, use_cache, priority_of(priority))
         async with served.hold(deadline) as slot:
             if encoded is not None and encoded.generation != slot.generation:
                 raise Stale(served.name, slot.generation)
-            scored = await self._score(served.name, slot, *args, encoded)
+            scored = await self._score(served.name, slot, *args, encoded, max_unknown)
         if (shadow := self.models.shadow) is not None and served is self.models.default:
             shadow.offer(queries, titles, scored, truncation, side)
         return scored
@@ -243,6 +246,7 @@ class Engine(TextSide, FrameSide):
         use_cache: bool,
         priority: int,
         pre: Encoded | None = None,
+        max_unknown: float | None = None,
     ) -> Scored:
         model = self._model(slot)
         keys = [
@@ -271,7 +275,9 @@ class Engine(TextSide, FrameSide):
                 enc = await self._encode(
                     model, [queries[i] for i in todo.values()], [titles[i] for i in todo.values()], truncation, side
                 )
-            encoded = dict(zip(todo, zip(enc.lengths, zip(enc.input_ids, enc.token_type_ids), enc.truncated)))
+            encoded = dict(
+                zip(todo, zip(enc.lengths, zip(enc.input_ids, enc.token_type_ids), enc.truncated, enc.unknown))
+            )
             for k in list(todo):  # while it was tokenised, another request may have queued the same pair
                 if (f := self.flights.get(k)) is not None:
                     flights[k] = f
@@ -282,15 +288,18 @@ class Engine(TextSide, FrameSide):
             cut |= {k: encoded[k][2] for k in todo}
             if (first := next((i for i, k in enumerate(keys) if cut[k]), None)) is not None:
                 raise InputTooLong(first, model.max_length)
+        if max_unknown is not None:
+            unk = {k: c.unknown for k, c in found.items()} | {k: f.unknown for k, f in flights.items()}
+            check_readable([unk[k] if k in unk else encoded[k][3] for k in keys], max_unknown)
         if todo:
             mine = self._submit(slot, [encoded[k][:2] for k in todo], deadline, priority)
             for k, fut in zip(todo, mine):
-                n, payload, cut_ = encoded[k]
-                flights[k] = self.flights.start(k, Flight(fut, payload, n, cut_, deadline))
+                n, payload, cut_, unknown = encoded[k]
+                flights[k] = self.flights.start(k, Flight(fut, payload, n, cut_, deadline, unknown))
         if flights:
             await self._wait(slot, flights, deadline, priority)
         for k, f in flights.items():
-            found[k] = Cached(f.future.result(), f.length, f.truncated)
+            found[k] = Cached(f.future.result(), f.length, f.truncated, f.unknown)
         outputs = [found[k] for k in keys]
         self._series(self.metrics.pairs, name).inc(len(outputs))
         levels = model.labels
@@ -302,6 +311,7 @@ class Engine(TextSide, FrameSide):
             [c.truncated for c in outputs],
             model.labels,
             name,
+            [c.unknown for c in outputs],
         )
 
     def _submit(self, slot: Slot, items: list[tuple[int, Any]], deadline: float, priority: int) -> list[asyncio.Future]:
@@ -315,7 +325,7 @@ class Engine(TextSide, FrameSide):
     def _requeue(self, slot: Slot, deadline: float, priority: int) -> Callable[[Key, Flight], Flight]:
         def requeue(key: Key, old: Flight) -> Flight:
             (fut,) = self._submit(slot, [(old.length, old.payload)], deadline, priority)
-            return Flight(fut, old.payload, old.length, old.truncated, deadline)
+            return Flight(fut, old.payload, old.length, old.truncated, deadline, old.unknown)
 
         return requeue
 
@@ -349,7 +359,7 @@ class Engine(TextSide, FrameSide):
         """A pair came back from the model: cache it (called once per pair), unless its generation is old."""
         if self.cache.enabled and self.models.generation_of(key[0]) == key[1]:
             self.metrics.cache_evictions.inc(
-                self.cache.put(key, Cached(flight.future.result(), flight.length, flight.truncated))
+                self.cache.put(key, Cached(flight.future.result(), flight.length, flight.truncated, flight.unknown))
             )
             self.metrics.cache_bytes.set(self.cache.bytes)
             self.metrics.cache_entries.set(len(self.cache))

@@ -29,6 +29,7 @@ class Flight:
     length: int
     truncated: bool
     deadline: float  # monotonic seconds: the deadline the pair was queued under
+    unknown: float = 0.0  # the share of its text the model cannot read (EncodedPairs.unknown)
     waiters: int = field(default=0)
     # told `landed(key, future)` once the pair is done (and cached): the engine core's requests, which
     # wait without a task (service.runtime.scoring)

@@ -23,7 +23,7 @@ from service.metrics_merge import samples
 from service.runtime.batcher import Closed, DeadlineExceeded, Overloaded
 from service.runtime.encoded import Stale
 from service.runtime.models import ModelNotFound, ReloadBusy, ReloadFailed
-from service.runtime.results import InferenceFailed, InputTooLong, Scored
+from service.runtime.results import InferenceFailed, InputTooLong, Scored, Unreadable, check_readable
 from service.runtime.texts import TextSide
 from service.runtime.wire import Channel, error_classes, load_error
 from service.runtime.workers.backend import BackendError, NotReady
@@ -45,6 +45,7 @@ ERRORS = error_classes(
     ReloadFailed,
     InferenceFailed,
     InputTooLong,
+    Unreadable,
     ValueError,
 )
 STALE_TRIES = 3  # a request tokenised again at most this often while models are reloaded under it
@@ -211,11 +212,13 @@ class RemoteEngine(TextSide):
         use_cache: bool = True,
         model: str | None = None,
         priority: str = "high",
+        max_unknown: float | None = None,
     ) -> Scored:
         for _ in range(STALE_TRIES):
             name, info = self._tokenizer_of(model, ready=True)
             generation = self._infos[name][0]
             enc = await self._encode(info, queries, titles, truncation, side)
+            check_readable(enc.unknown, max_unknown)  # counted here: the core gets the ids, and the shares to cache
             args = {
                 "model": model,
                 "generation": generation,
@@ -230,6 +233,7 @@ class RemoteEngine(TextSide):
                 "ids": enc.input_ids,
                 "segs": enc.token_type_ids,
                 "cut": enc.truncated,
+                "unk": enc.unknown,
                 "rid": request_id.get() or "",
                 "tp": self.tracing.carrier(),  # the core's spans join this request's trace
             }
@@ -240,7 +244,7 @@ class RemoteEngine(TextSide):
                 if self._model_state(model)["generation"] == generation:  # the new state is on its way
                     await asyncio.wait_for(changed.wait(), STATE_WAIT_S)
                 continue
-            return Scored([PairScore(*o) for o in outs], lengths, cut, labels, served)
+            return Scored([PairScore(*o) for o in outs], lengths, cut, labels, served, enc.unknown)
         raise NotReady(f"model {model or 'default'} is being reloaded")
 
     async def explain(self, query: str, title: str, model: str | None = None, **options) -> dict:

@@ -18,6 +18,7 @@ class Scored:
     truncated: list[bool]  # per pair, whether truncation cut it
     labels: list[str]  # the model's levels, in class order
     model: str  # the model's name
+    unknown: list[float]  # per pair, the share of its text the model cannot read (EncodedPairs.unknown)
 
 
 @dataclass
@@ -37,6 +38,22 @@ class InputTooLong(ValueError):
 
     def __init__(self, index: int, max_length: int):
         super().__init__(f"input {index} is longer than the model's {max_length} tokens; set truncate=true")
+
+
+class Unreadable(ValueError):
+    """A pair whose share of unknown tokens is over the limit the caller set (unknown_share_refuse)."""
+
+    def __init__(self, index: int, share: float, limit: float):
+        super().__init__(
+            f"pair {index}: {share:.0%} of its tokens are unknown to the model (unknown_share_refuse {limit}); "
+            "it cannot read this text: choose a model for its language (GET /v1/models)"
+        )
+
+
+def check_readable(unknown: list[float], limit: float | None) -> None:
+    """Refuse (Unreadable) the first pair whose unknown share is over `limit` (None: no limit)."""
+    if limit is not None and (i := next((i for i, x in enumerate(unknown) if x > limit), None)) is not None:
+        raise Unreadable(i, unknown[i], limit)
 
 
 class InferenceFailed(BackendError):

@@ -94,7 +94,7 @@ class Pending:
                     (f,) = self.side.submit(self.slot.batcher, [(old.length, old.payload)], self)
                 except Exception as err:
                     return self.finish(err)
-                new = flights.start(key, Flight(f, old.payload, old.length, old.truncated, self.deadline))
+                new = flights.start(key, Flight(f, old.payload, old.length, old.truncated, self.deadline, old.unknown))
             new.waiters += 1
             self.flights[key] = new
             self.left -= 1
@@ -112,7 +112,7 @@ class Pending:
             found = self.found
             try:
                 for k, f in self.flights.items():
-                    found[k] = Cached(f.future.result(), f.length, f.truncated)
+                    found[k] = Cached(f.future.result(), f.length, f.truncated, f.unknown)
                 scored = side.outputs(self.served.name, self.model, [found[k] for k in self.keys])
             except Exception as e:  # answered with the error: a request is never left waiting
                 error = e
@@ -211,7 +211,7 @@ class FrameSide:
             self.tally(m.cache_misses, joined + fresh)
         self.tally(self._series(m.folded, "request"), len(keys) - hits - joined - fresh)
         self.tally(self._series(m.folded, "in_flight"), joined)
-        enc = Encoded.pick_from(a["ids"], a["segs"], a["cut"], list(todo.values()))
+        enc = Encoded.pick_from(a["ids"], a["segs"], a["cut"], a.get("unk") or [], list(todo.values()))
         if not a["allow_truncation"]:
             cut = {k: c.truncated for k, c in found.items()} | {k: f.truncated for k, f in flights.items()}
             cut |= dict(zip(todo, enc.truncated))
@@ -221,8 +221,9 @@ class FrameSide:
             items = list(zip(enc.lengths, zip(enc.input_ids, enc.token_type_ids)))
             futures = self.submit(slot.batcher, items, p, report=False)
             touched.add(slot.batcher)
-            for k, fut, (length, payload), cut_ in zip(todo, futures, items, enc.truncated):
-                flights[k] = self.flights.start(k, Flight(fut, payload, length, cut_, p.deadline))
+            unknown = enc.unknown or [0.0] * len(items)
+            for k, fut, (length, payload), cut_, unk in zip(todo, futures, items, enc.truncated, unknown):
+                flights[k] = self.flights.start(k, Flight(fut, payload, length, cut_, p.deadline, unk))
         p.waiting = True
         for k, f in flights.items():
             f.waiters += 1
@@ -242,7 +243,12 @@ class FrameSide:
         for c in outputs:
             self.tally(self._series(self.metrics.levels, name, levels[c.output.level]), 1)
         return Scored(
-            [c.output for c in outputs], [c.length for c in outputs], [c.truncated for c in outputs], levels, name
+            [c.output for c in outputs],
+            [c.length for c in outputs],
+            [c.truncated for c in outputs],
+            levels,
+            name,
+            [c.unknown for c in outputs],
         )
 
     def tally(self, series: Any, n: int) -> None:

@@ -58,13 +58,6 @@ class TextSide:
         self.metrics.tokenize_seconds.observe(time.perf_counter() - t0)
         return enc
 
-    async def unknown_shares(self, queries: list[str], titles: list[str], model: str | None = None) -> list[float]:
-        """Per pair, the share of its text the model's vocabulary cannot read (model.tokenizer.unknown_share)."""
-        tok = self._tokenizer_of(model, ready=False)[1].tokenizer  # the pairs were scored: draining or not
-        if len(titles) <= INLINE_PAIRS:
-            return tok.unknown_shares(queries, titles)
-        return await asyncio.get_running_loop().run_in_executor(self._tok_pool, tok.unknown_shares, queries, titles)
-
     async def score_windows(
         self, queries: list[str], titles: list[str], max_chunks: int, overlap: int | None = None, **options
     ) -> Windowed:
@@ -81,7 +74,7 @@ class TextSide:
         if (windows := sum(map(len, docs))) > self.settings.max_pairs_per_request:
             raise TooManyWindows(windows, self.settings.max_pairs_per_request)
         s = await self.score(*flatten(queries, docs), **options)
-        return reduce(s.outputs, s.lengths, s.truncated, docs, s.labels, s.model)
+        return reduce(s.outputs, s.lengths, s.truncated, docs, s.labels, s.model, s.unknown)
 
     async def tokenize(
         self,

@@ -31,6 +31,7 @@ class Windowed:
     tokens: int  # tokens of every window scored (what the request cost)
     labels: list[str]
     model: str
+    unknown: list[float]  # per document, its best window's unknown share
 
 
 class TooManyWindows(ValueError):
@@ -56,10 +57,11 @@ def reduce(
     docs: list[list[Window]],
     labels: list[str],
     model: str,
+    unknown: list[float],
 ) -> Windowed:
     """Each document's best window (the highest expected level, the first of equals), from the windows'
     scores in `flatten`'s order."""
-    res = Windowed([], [], [], [], sum(lengths), labels, model)
+    res = Windowed([], [], [], [], sum(lengths), labels, model, [])
     i = 0
     for windows in docs:
         n = len(windows)
@@ -67,6 +69,7 @@ def reduce(
         res.outputs.append(outputs[i + k])
         res.lengths.append(lengths[i + k])
         res.truncated.append(truncated[i + k])
+        res.unknown.append(unknown[i + k])
         res.picks.append(WindowPick(k, n, windows[k].start, windows[k].end))
         i += n
     return res

@@ -28,13 +28,16 @@ def output(rng: random.Random) -> Cached:
     logits = [rng.uniform(-9, 9) for _ in range(5)]
     probs = [rng.random() for _ in range(5)]
     return Cached(
-        PairScore(logits, probs, rng.randrange(5), rng.uniform(1, 5)), rng.randint(3, 128), rng.random() < 0.5
+        PairScore(logits, probs, rng.randrange(5), rng.uniform(1, 5)),
+        rng.randint(3, 128),
+        rng.random() < 0.5,
+        rng.random(),
     )
 
 
 def bits(c: Cached) -> bytes:
     o = c.output
-    return struct.pack("<11d3q", *o.logits, *o.probs, o.expected, o.level, c.length, c.truncated)
+    return struct.pack("<12d3q", *o.logits, *o.probs, o.expected, c.unknown, o.level, c.length, c.truncated)
 
 
 def test_a_stored_pair_comes_back_bit_for_bit():
