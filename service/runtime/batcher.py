@@ -3,10 +3,9 @@
 It knows nothing of HTTP or BERT: it batches items that have a token length. Batches are formed under
 a padded-token budget (longest x count), a size cap and a short wait for the batch to fill; the items
 of a window are sorted by length so that padding stays small, and the batch that holds the item due first
-goes first. The order is fair between requests (`batching.due`: a request is due once the queue has served
-as much work as it brings): a one-pair request goes into the next batch however much a big request that came
-a moment before it has queued, equal requests go in arrival order, and nothing starves. Work whose
-caller has gone (cancelled future) or whose deadline has passed is dropped before it reaches the device.
+goes first. The order is fair between requests (`batching.due`): a one-pair request goes into the next batch
+however much a big request just before it queued; equal requests go in arrival order; nothing starves. Work
+whose caller has gone or whose deadline has passed is dropped before it reaches the device.
 
 Two priority classes: "high" (interactive, the default) always goes first; "low" (score jobs, or a
 request that says so) forms batches only when no high work is queued, so that it fills the model processes
@@ -94,6 +93,7 @@ class Batcher:
         self._obs = observer or NoObserver()
         self._pending: deque[Item] = deque()
         self._wake = asyncio.Event()
+        self._report_due = False
         # Per class (PRIORITIES): admitted and not yet resolved (queued + on the device), and on the device.
         self._items, self._tokens = [0, 0], [0, 0]
         self._flying, self._flying_tokens = [0, 0], [0, 0]
@@ -189,6 +189,13 @@ class Batcher:
         self._tokens[it.priority] += sign * it.length
 
     def _report(self) -> None:
+        # the gauges once per event-loop turn, however many requests it queued (a scrape sees the same)
+        if not self._report_due:
+            self._report_due = True
+            asyncio.get_running_loop().call_soon(self._report_now)
+
+    def _report_now(self) -> None:
+        self._report_due = False
         self._obs.queued(len(self._pending), self.outstanding)
         self._obs.depths([self.queued(c) for c in range(len(PRIORITIES))])
 
@@ -224,8 +231,7 @@ class Batcher:
         self._wake.set()
         return futures
 
-    def report(self) -> None:
-        """Tell the observer the queue's depths (after submissions made with report=False)."""
+    def report(self) -> None:  # the queue's depths, after submissions made with report=False
         self._report()
 
     # --- lifecycle ----------------------------------------------------------------------------
