@@ -77,7 +77,9 @@ def test_a_checkpoint_that_cannot_load_ends_serve_with_its_reason(tiny_checkpoin
         assert "model failed to load" in last and "cannot read weights" in last, last
 
 
-@FRONTS
+# one process only in the default suite (CI time): tests/e2e/test_fronts.py reloads on SIGHUP with two fronts, and
+# QTREL_TEST_HTTP_WORKERS=2 runs this test with two
+@pytest.mark.parametrize("fronts", [None], ids=["default"])
 def test_sighup_under_load_drops_nothing_and_the_server_serves_on(tiny_checkpoint, tmp_path, fronts):
     port = free_port()
     url = f"http://127.0.0.1:{port}"
