@@ -24,7 +24,7 @@ from typing import Any
 from service.logs import request_id
 from service.metrics import Metrics
 from service.runtime.api import EngineAPI
-from service.runtime.batcher import HIGH, Closed, DeadlineExceeded, Overloaded, priority_of
+from service.runtime.batcher import Closed, DeadlineExceeded, Overloaded, priority_of
 from service.runtime.cache import Cached, Key, ScoreCache, make_key
 from service.runtime.encoded import Encoded, Stale
 from service.runtime.flight import Flight, Flights
@@ -254,21 +254,9 @@ class Engine(TextSide, FrameSide):
         ]
         found: dict[Key, Cached] = {}
         flights: dict[Key, Flight] = {}
-        todo: dict[Key, int] = {}  # key -> index of its first pair
         look = use_cache and self.cache.enabled
-        for i, k in enumerate(keys):
-            if k in found or k in flights or k in todo:
-                continue
-            if look and (c := self.cache.get(k)) is not None:
-                found[k] = c
-            elif (f := self.flights.get(k)) is not None:
-                flights[k] = f
-            else:
-                todo[k] = i
-        if flights and priority == HIGH:  # a pair a low-priority request queued now waits for no one
-            slot.batcher.promote([f.future for f in flights.values()])
+        todo = self.lookup(slot, keys, look, priority, found, flights)  # key -> index of its first pair
         if todo:
-            self._admit(slot, len(todo), priority)
             if pre is not None:
                 enc = pre.pick(list(todo.values()))
             else:

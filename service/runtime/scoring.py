@@ -188,23 +188,10 @@ class FrameSide:
         p.priority = priority = priority_of(a["priority"])
         gen, trunc, side_, n = slot.generation, a["truncation"], a["side"], model.max_length
         p.keys = keys = [make_key(name, gen, trunc, side_, n, q, t) for q, t in zip(a["queries"], a["titles"])]
-        p.found = found = {}
+        p.found = found = dict[Key, Cached]()
         flights = p.flights
-        todo: dict[Key, int] = {}
         look = a["use_cache"] and self.cache.enabled
-        for i, k in enumerate(keys):
-            if k in found or k in flights or k in todo:
-                continue
-            if look and (c := self.cache.get(k)) is not None:
-                found[k] = c
-            elif (f := self.flights.get(k)) is not None:
-                flights[k] = f
-            else:
-                todo[k] = i
-        if flights and priority == HIGH:  # a pair a low-priority request queued now waits for no one
-            slot.batcher.promote([f.future for f in flights.values()])
-        if todo:
-            self._admit(slot, len(todo), priority)
+        todo = self.lookup(slot, keys, look, priority, found, flights)
         m, hits, joined, fresh = self.metrics, len(found), len(flights), len(todo)
         if look:
             self.tally(m.cache_hits, hits)
@@ -228,6 +215,28 @@ class FrameSide:
         for k, f in flights.items():
             f.waiters += 1
             p.watch(k, f)
+
+    def lookup(
+        self, slot: Any, keys: list[Key], look: bool, priority: int, found: dict, flights: dict
+    ) -> dict[Key, int]:
+        """Each distinct key into `found` (the cache's, when `look`), `flights` (in flight already) or the
+        returned todo (key -> index of its first pair), which is admitted; a high request promotes the
+        flights it joins. Both scoring paths, the awaited one and the frame's, start here."""
+        todo: dict[Key, int] = {}
+        for i, k in enumerate(keys):
+            if k in found or k in flights or k in todo:
+                continue
+            if look and (c := self.cache.get(k)) is not None:
+                found[k] = c
+            elif (f := self.flights.get(k)) is not None:
+                flights[k] = f
+            else:
+                todo[k] = i
+        if flights and priority == HIGH:  # a pair a low-priority request queued now waits for no one
+            slot.batcher.promote([f.future for f in flights.values()])
+        if todo:
+            self._admit(slot, len(todo), priority)
+        return todo
 
     def submit(self, batcher: Batcher, items: list, p: Pending, report: bool = True) -> list:
         try:
