@@ -241,7 +241,7 @@ class GpuBusy:
         return statistics.mean(self.samples) / 100 if self.samples else None
 
 
-def serving(model: Path, dev: str, rows: list[dict], seconds: float, log: Path) -> dict:
+def serving(model: Path, dev: str, rows: list[dict], seconds: float, warmup: float, log: Path) -> dict:
     """`qtrel serve` on `dev` under bench/load.py's closed-loop scenarios (its server, bodies and client)."""
     import load
 
@@ -251,7 +251,7 @@ def serving(model: Path, dev: str, rows: list[dict], seconds: float, log: Path) 
     url = f"http://127.0.0.1:{port}"
     env = os.environ | {"PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
     out: dict = {"command": " ".join(cmd[1:])}
-    a = SimpleNamespace(warmup=3.0, seconds=seconds)
+    a = SimpleNamespace(warmup=warmup, seconds=seconds)
     try:
         with load.Server(cmd, url, "/health/ready", log, 240, env=env) as srv:
             with urllib.request.urlopen(url + "/info", timeout=5) as r:
@@ -378,7 +378,9 @@ def main() -> int:
         r["offline"] = offline("built-in (MiniLM-L6)", a.model, dev, off_pairs, low, reps, budgets, r["matmul_tflops"])
         r["offline"] += offline("BERT-base-sized, random", base, dev, off_pairs, low, reps, budgets, r["matmul_tflops"])
     if not a.no_serve:
-        r["serving"] = serving(a.model, dev, rows, 2.0 if a.quick else a.seconds, a.out / "serve.log")
+        r["serving"] = serving(
+            a.model, dev, rows, 1.0 if a.quick else a.seconds, 0.5 if a.quick else 3.0, a.out / "serve.log"
+        )
     (a.out / "gpu_check.json").write_text(json.dumps(r, indent=1) + "\n")
     (a.out / "gpu_check.md").write_text(render(r))
     print(render(r))

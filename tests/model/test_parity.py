@@ -70,7 +70,7 @@ def hf_tokenizer():
 
 @pytest.fixture(scope="module")
 def pairs() -> list[tuple[str, str]]:
-    return read_pairs(500) + read_pairs(200, "qbqtc")
+    return read_pairs(250) + read_pairs(100, "qbqtc")  # 7 batches each way: suite time, every length bucket
 
 
 @pytest.fixture(scope="module")
@@ -156,7 +156,7 @@ def test_token_ids_segments_and_masks_match_reference(ours, hf_tokenizer, pairs,
     assert enc.truncated == [len(f) > len(r) for f, r in zip(full, ref_ids, strict=True)]
     assert max(enc.lengths) <= max_length
     if max_length == 24:  # the short limit must really cut, and some Chinese queries fill it alone
-        assert sum(enc.truncated) > 300
+        assert sum(enc.truncated) > len(pairs) // 2
         if truncation == "only_second":
             assert fallbacks > 0
 
@@ -184,7 +184,7 @@ def test_reference_reads_the_tokenizer_we_save(checkpoint, hf_tokenizer, pairs):
 # --- forward passes -------------------------------------------------------------------------------
 @pytest.mark.parametrize("form", ["packed", "unpacked"])
 def test_fast_path_logits_match_reference(differences, form):
-    assert differences["pairs"] == 700
+    assert differences["pairs"] == 350
     assert differences[f"{form} fast"] < LOGIT_ATOL
 
 
