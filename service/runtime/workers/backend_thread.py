@@ -14,9 +14,9 @@ from service.runtime.workers import runner
 from service.runtime.workers.backend import (
     Answer,
     Backend,
-    BatchScores,
     Encoded,
     Forward,
+    Forwarded,
     Health,
     Job,
     LoadFailed,
@@ -48,7 +48,7 @@ class ThreadBackend(Backend):
         except Exception as e:
             raise LoadFailed(f"{type(e).__name__}: {e}") from e
 
-    def forward(self, batch: Sequence[Encoded]) -> BatchScores:
+    def forward(self, batch: Sequence[Encoded]) -> Forwarded:
         return raise_for(self.answer(self._model(), self.spec, Forward(batch)))
 
     def job(self, name: str, args: tuple = (), kwargs: dict | None = None) -> Any:

@@ -197,7 +197,7 @@ class Worker:
     async def _isolating(self, batch: list[Encoded], retry: bool) -> list[PairScore | BackendError]:
         failure: ProcessDied | ModelError
         try:
-            scores = await asyncio.wrap_future(self._submit(Forward(batch)))
+            scores, seconds = await asyncio.wrap_future(self._submit(Forward(batch)))
         except ProcessDied as e:
             if retry:
                 self._obs.batch_retried()
@@ -210,8 +210,8 @@ class Worker:
             self._obs.batch_failed("error")
             raise
         else:
-            self._obs.forwarded(scores.seconds)
-            return [PairScore(*row) for row in zip(scores.logits, scores.probs, scores.level, scores.expected)]
+            self._obs.forwarded(seconds)
+            return list(scores.rows())
         reason = "process_died" if isinstance(failure, ProcessDied) else "error"
         if len(batch) == 1:
             self._obs.batch_failed(reason)
