@@ -27,7 +27,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from model.levels import PairScore
 from model.tokenizer import PairTokenizer
@@ -47,9 +47,6 @@ from service.runtime.workers.backend import (
 from service.runtime.workers.backend_process import ProcessBackend
 from service.runtime.workers.replica import ENDING, Replica, RestartPolicy
 from service.runtime.workers.worker_api import ModelInfo, NoObserver, WorkerObserver
-
-if TYPE_CHECKING:  # the model lives in the model processes: this process loads torch only in thread mode
-    from model.relevance import RelevanceModel
 
 __all__ = ["ModelInfo", "RestartPolicy", "Worker", "WorkerObserver"]
 
@@ -125,12 +122,6 @@ class Worker:
     @property
     def pids(self) -> list[int]:
         return [pid for r in self._replicas if r.backend is not None and (pid := r.backend.pid) is not None]
-
-    @property
-    def model(self) -> RelevanceModel | None:
-        """The model object in thread mode (for fault-injection tests); None in process mode."""
-        b = self._replicas[0].backend
-        return None if self.mode != "thread" or b is None else b.model  # type: ignore[attr-defined]
 
     def alive(self) -> bool:
         """Liveness: a replica thread runs (or the model still loads), no model process is in a crash loop
