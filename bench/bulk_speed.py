@@ -24,8 +24,8 @@ from harness.data import DEFAULT_MODEL, tiny_checkpoint
 from harness.machine import default_title, isa
 from harness.publish import DEV, command_line, machine, machine_lines, publish
 
-from model.bulk.io import CsvSink, CsvSource, Scores
-from model.bulk.score import ScoreOptions, score_file, score_pairs
+from model.bulk.io import CsvSink, CsvSource, score_columns
+from model.bulk.score import ScoreOptions, score_file, score_names, score_pairs
 from model.relevance import RelevanceModel
 
 OPTIONS = ScoreOptions(prefix="pred_", overwrite=True)
@@ -60,12 +60,12 @@ def main() -> int:
 
         def file_handling() -> None:  # read, check and write the rows with fixed scores: no tokeniser, no model
             source = CsvSource(src, "query", "title")
-            sink = CsvSink(out, source, scores.names, False, 20000)
+            sink = CsvSink(out, source, score_names(model.labels, "pred_"), False, 20000)
             for chunk in source.chunks(20000):
-                sink.write(chunk, Scores(scores.names, scores.level[: len(chunk)], scores.values[: len(chunk)]))
+                sink.write(chunk, level[: len(chunk)], values[: len(chunk)])
             sink.close()
 
-        scores = score_pairs(model, pairs, prefix="pred_")
+        level, values = score_columns(score_pairs(model, pairs), model.labels)
         out.unlink(missing_ok=True)
         systems = {"RelevanceModel.predict": lambda: model.predict(pairs), "qtrel score": bulk(20000),
                    "qtrel score --chunk-rows 1000": bulk(1000)}  # fmt: skip

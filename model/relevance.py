@@ -24,10 +24,10 @@ from model.engines.base import Engine, EngineKind, Ids, Kernels
 from model.engines.eager import DTYPES, torch_engine
 from model.engines.kernels import attention_path
 from model.heads import Head
-from model.levels import MAX_BATCH_TOKENS, PairScore
+from model.levels import MAX_BATCH_TOKENS, PairScore, ScoredBatch
 from model.packing import length_batches, pad_batch
 from model.parallel import ForwardWorkers, run_batches, workers_for
-from model.scoring import LevelRule, ScoredBatch, level_values, score_logits
+from model.scoring import LevelRule, level_values, score_logits
 from model.tokenizer import EncodedPairs, PairTokenizer, Truncation
 
 __all__ = ["RelevanceModel", "level_values", "pad_batch", "length_batches"]
@@ -259,7 +259,7 @@ class RelevanceModel:
         """(B, levels) float32 probabilities."""
         return self.logits(input_ids, token_type_ids, head_mask).softmax(-1)
 
-    def score(self, logits: Tensor) -> ScoredBatch:
+    def score(self, logits: Tensor) -> ScoredBatch[Tensor]:
         """(B, levels) logits -> probabilities, expected level and the rule's level (model.scoring)."""
         return score_logits(logits, self.values, self.rule)
 
@@ -313,7 +313,4 @@ class RelevanceModel:
         """Score pairs in length-sorted batches of at most `max_batch_tokens` padded tokens; a pair's level is
         its class index (`labels[level]` names it)."""
         enc = self.encode(pairs, truncation)
-        s = self.score(self.encoded_logits(enc, max_batch_tokens, head_mask))
-        return [
-            PairScore(*row) for row in zip(s.logits.tolist(), s.probs.tolist(), s.level.tolist(), s.expected.tolist())
-        ]
+        return self.score(self.encoded_logits(enc, max_batch_tokens, head_mask)).rows()

@@ -19,7 +19,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from model.levels import level_numbers
+from model.levels import ScoredBatch, level_numbers
 
 CONFIG_KEY = "qtrel_level_cuts"
 
@@ -64,19 +64,6 @@ class LevelRule:
         return torch.bucketize(expected, torch.tensor(self.cuts, dtype=expected.dtype), right=True)
 
 
-@dataclass
-class ScoredBatch:
-    """A scored batch, every field float32 on cpu, rows in input order."""
-
-    logits: Tensor  # (B, k)
-    probs: Tensor  # (B, k)
-    expected: Tensor  # (B,) expected level, the ranking score
-    level: Tensor  # (B,) int64 class index chosen by the level rule
-
-    def __len__(self) -> int:
-        return self.level.shape[0]
-
-
 def merge_classes(logits: Tensor, class_levels: Sequence[int]) -> Tensor:
     """(B, classes) logits -> (B, levels) log-probabilities, each level's classes' probabilities summed: a
     head with extra classes (model.config) scores as a head over its levels. Softmax of the result gives
@@ -92,8 +79,8 @@ def merge_classes(logits: Tensor, class_levels: Sequence[int]) -> Tensor:
     return out
 
 
-def score_logits(logits: Tensor, values: Tensor, rule: LevelRule) -> ScoredBatch:
-    """(B, k) logits -> the scored batch."""
+def score_logits(logits: Tensor, values: Tensor, rule: LevelRule) -> ScoredBatch[Tensor]:
+    """(B, k) logits -> the scored batch (model.levels.ScoredBatch), float32 on cpu."""
     logits = logits.float()
     probs = logits.softmax(-1)
     # Column by column, in one order: a pair's score is the same bits in any batch (a matrix-vector product

@@ -26,6 +26,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from model.data import DataError
+from model.levels import ScoredBatch
 
 FORMATS = {".csv": "csv", ".jsonl": "jsonl", ".json": "jsonl", ".parquet": "parquet"}  # Parquet: model.bulk.parquet
 
@@ -42,16 +43,6 @@ class Chunk:
         return len(self.lines)
 
 
-@dataclass
-class Scores:
-    """Score columns of a chunk, rows in chunk order; bad rows have no level and NaN values."""
-
-    names: list[str]  # level, score, p_<label>...
-    level: list[str | None]
-    values: np.ndarray  # (n, 1 + levels) float32: expected level, then one probability per level
-    forwarded: int = 0  # pairs the model scored for them: each distinct pair once (with windows: each window)
-
-
 class Source(Protocol):
     @property
     def columns(self) -> list[str] | None: ...  # None: JSON lines, whose rows may each have other keys
@@ -65,11 +56,20 @@ class Source(Protocol):
 class Sink(Protocol):
     rows_done: int  # rows in the output, complete
 
-    def write(self, chunk: Chunk, scores: Scores) -> None: ...
+    def write(self, chunk: Chunk, level: list[str | None], values: np.ndarray) -> None: ...  # (score_columns)
 
     def finish(self) -> None: ...  # after the last chunk
 
     def close(self) -> None: ...  # always, also after an error
+
+
+def score_columns(scored: ScoredBatch[np.ndarray], labels: Sequence[str]) -> tuple[list[str | None], np.ndarray]:
+    """A chunk's score columns: per row its level's label (None: a bad row), and its values (n, 1 + levels
+    [+ 4]) float32: the expected level, one probability per level, then the window columns if scored in
+    windows."""
+    level = [labels[k] if k >= 0 else None for k in scored.level.tolist()]
+    window = [] if scored.window is None else [scored.window]
+    return level, np.concatenate([scored.expected[:, None], scored.probs, *window], axis=1)
 
 
 def format_of(path: Path) -> str:
@@ -149,10 +149,10 @@ class _Builder:
         return chunk
 
 
-def _texts(scores: Scores) -> list[list[str]]:
+def _texts(level: list[str | None], values: np.ndarray) -> list[list[str]]:
     """Per row, the score columns as text: float32 in its shortest exact form, empty for a bad row."""
-    text = scores.values.astype(str).tolist()
-    return [[lv, *t] if lv is not None else [""] * len(scores.names) for lv, t in zip(scores.level, text)]
+    text = values.astype(str).tolist()
+    return [[lv, *t] if lv is not None else [""] * (1 + len(t)) for lv, t in zip(level, text)]
 
 
 class _Lines:
@@ -269,10 +269,10 @@ class CsvSink(_AppendSink):
         _cut(path, keep)
         return done
 
-    def write(self, chunk: Chunk, scores: Scores) -> None:
+    def write(self, chunk: Chunk, level: list[str | None], values: np.ndarray) -> None:
         buf = io.StringIO()
         w = csv.writer(buf, lineterminator="\n")
-        for row, extra in zip(chunk.rows, _texts(scores)):
+        for row, extra in zip(chunk.rows, _texts(level, values)):
             w.writerow(row + extra)
         self._write(buf.getvalue())
         self.rows_done += len(chunk)
@@ -336,10 +336,10 @@ class JsonlSink(_AppendSink):
         _cut(path, keep)
         return done
 
-    def write(self, chunk: Chunk, scores: Scores) -> None:
-        vals = [[float(x) for x in t] for t in scores.values.astype(str).tolist()]  # shortest float32 text
+    def write(self, chunk: Chunk, level: list[str | None], values: np.ndarray) -> None:
+        vals = [[float(x) for x in t] for t in values.astype(str).tolist()]  # shortest float32 text
         out = []
-        for row, lv, v in zip(chunk.rows, scores.level, vals):
+        for row, lv, v in zip(chunk.rows, level, vals):
             check_collision(self.names, row, self.source.path)
             extra = dict(zip(self.names, [lv, *v] if lv is not None else [None] * len(self.names)))
             out.append(json.dumps({**row, **extra}, ensure_ascii=False) + "\n")

@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from model.bulk.io import Chunk, Scores, check_collision, pair_or_problem, parts_dir, pyarrow_parquet
+from model.bulk.io import Chunk, check_collision, pair_or_problem, parts_dir, pyarrow_parquet
 from model.data import DataError
 
 
@@ -33,15 +33,15 @@ def _table_chunks(pf, size: int) -> Iterator[Any]:
         yield buf
 
 
-def append_scores(table, scores: Scores):
-    """The pyarrow table with the score columns after its own: level a string, the rest float32, null
-    for bad rows."""
+def append_scores(table, names: list[str], level: list[str | None], values: np.ndarray):
+    """The pyarrow table with the score columns (model.bulk.io.score_columns) after its own: level a string,
+    the rest float32, null for bad rows."""
     import pyarrow as pa
 
-    bad = np.array([lv is None for lv in scores.level], dtype=bool)
-    table = table.append_column(scores.names[0], pa.array(scores.level, pa.string()))
-    for j, name in enumerate(scores.names[1:]):
-        table = table.append_column(name, pa.array(scores.values[:, j], pa.float32(), mask=bad))
+    bad = np.array([lv is None for lv in level], dtype=bool)
+    table = table.append_column(names[0], pa.array(level, pa.string()))
+    for j, name in enumerate(names[1:]):
+        table = table.append_column(name, pa.array(values[:, j], pa.float32(), mask=bad))
     return table
 
 
@@ -117,8 +117,8 @@ class ParquetSink:
         self.pq.write_table(table, tmp)
         os.replace(tmp, self.parts / self._name(i))
 
-    def write(self, chunk: Chunk, scores: Scores) -> None:
-        self._put(self.index, append_scores(chunk.rows, scores))
+    def write(self, chunk: Chunk, level: list[str | None], values: np.ndarray) -> None:
+        self._put(self.index, append_scores(chunk.rows, self.names, level, values))
         self.index += 1
         self.rows_done += len(chunk)
 

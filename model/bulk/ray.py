@@ -20,7 +20,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from model.bulk.io import check_collision, format_of, pair_or_problem
+from model.bulk.io import check_collision, format_of, pair_or_problem, score_columns
 from model.bulk.parquet import append_scores
 from model.bulk.score import SOURCES, ScoreOptions, score_names, score_pairs
 from model.checkpoint import load_config
@@ -50,6 +50,7 @@ class RayScorer:
             torch.set_num_threads(threads)
         self.model = RelevanceModel.load(model_dir, device=device, dtype=dtype, max_length=max_length)
         self.options = options
+        self.names = score_names(self.model.labels, options.prefix, options.max_chunks is not None)
 
     def __call__(self, batch):
         o = self.options
@@ -63,8 +64,8 @@ class RayScorer:
                     "to write such rows with empty scores"
                 )
             pairs.append(None if isinstance(p, str) else p)
-        scores = score_pairs(self.model, pairs, o.max_batch_tokens, o.prefix, o.max_chunks, o.chunk_overlap)
-        return append_scores(batch, scores)
+        scored = score_pairs(self.model, pairs, o.max_batch_tokens, o.max_chunks, o.chunk_overlap)
+        return append_scores(batch, self.names, *score_columns(scored, self.model.labels))
 
 
 def _read(ray, path: Path, kind: str, qc: str, tc: str):

@@ -29,17 +29,38 @@ from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
-from model.bulk.io import Chunk, CsvSink, CsvSource, JsonlSink, JsonlSource, Scores, Sink, Source, format_of, parts_dir
+from model.bulk.io import (
+    Chunk,
+    CsvSink,
+    CsvSource,
+    JsonlSink,
+    JsonlSource,
+    Sink,
+    Source,
+    format_of,
+    parts_dir,
+    score_columns,
+)
 from model.bulk.parquet import ParquetSink, ParquetSource
 from model.data import DataError
-from model.levels import MAX_BATCH_TOKENS
+from model.levels import MAX_BATCH_TOKENS, ScoredBatch
 from model.tokenizer import PairTokenizer
 from model.windows import CHUNK_OVERLAP, best, split_pairs
 
 if TYPE_CHECKING:  # the scoring server runs score_rows without torch in its own process
     from model.relevance import RelevanceModel
 
-__all__ = ["Forward", "ScoreOptions", "Scorer", "run_file", "score_file", "score_names", "score_pairs", "score_rows"]
+__all__ = [
+    "Forward",
+    "ScoreOptions",
+    "Scorer",
+    "model_forward",
+    "run_file",
+    "score_file",
+    "score_names",
+    "score_pairs",
+    "score_rows",
+]
 
 log = logging.getLogger("qtrel.bulk")
 
@@ -82,35 +103,44 @@ def score_names(labels: Sequence[str], prefix: str = "", windows: bool = False) 
     return names + [f"{prefix}{c}" for c in WINDOW_COLUMNS] if windows else names
 
 
-# Distinct pairs -> their expected level (n,), probabilities (n, levels) and level index per pair: the model's
-# one scoring contract (model.scoring), run here (`score_pairs`) or by a scoring server (service.jobs).
-Forward = Callable[[list[tuple[str, str]]], tuple[np.ndarray, np.ndarray, list[int]]]
+# Distinct pairs -> their scores as numpy columns: the model's one scoring contract (model.scoring), run here
+# (`model_forward`) or by a scoring server (service.jobs).
+Forward = Callable[[list[tuple[str, str]]], ScoredBatch[np.ndarray]]
 
 
 class Scorer(Protocol):
-    """What `run_file` needs: the score columns' levels, and the Scores of a chunk's pairs (None: a bad row)."""
+    """What `run_file` needs: the score columns' levels, the scores of a chunk's pairs (None: a bad row), and
+    how many pairs it has sent to the model so far (each distinct pair of a chunk once; with windows, each
+    distinct window)."""
 
     @property
     def labels(self) -> Sequence[str]: ...
 
-    def __call__(self, pairs: Sequence[tuple[str, str] | None]) -> Scores: ...
+    @property
+    def forwarded(self) -> int: ...
+
+    def __call__(self, pairs: Sequence[tuple[str, str] | None]) -> ScoredBatch[np.ndarray]: ...
+
+
+def model_forward(model: RelevanceModel, max_batch_tokens: int = MAX_BATCH_TOKENS) -> Forward:
+    """`Forward` on a model loaded here: length-sorted batches of at most `max_batch_tokens` padded tokens."""
+
+    def forward(todo: list[tuple[str, str]]) -> ScoredBatch[np.ndarray]:
+        return model.score(model.encoded_logits(model.encode(todo), max_batch_tokens)).map(lambda c: c.numpy())
+
+    return forward
 
 
 def score_pairs(
     model: RelevanceModel,
     pairs: Sequence[tuple[str, str] | None],
     max_batch_tokens: int = MAX_BATCH_TOKENS,
-    prefix: str = "",
     max_chunks: int | None = None,
     chunk_overlap: int = CHUNK_OVERLAP,
-) -> Scores:
-    """Score columns of pairs in their order, forwarded here in length-sorted batches (`score_rows`)."""
-
-    def forward(todo: list[tuple[str, str]]) -> tuple[np.ndarray, np.ndarray, list[int]]:
-        s = model.score(model.encoded_logits(model.encode(todo), max_batch_tokens))
-        return s.expected.numpy(), s.probs.numpy(), s.level.tolist()
-
-    return score_rows(model.labels, model.tokenizer, pairs, forward, prefix, max_chunks, chunk_overlap)
+) -> ScoredBatch[np.ndarray]:
+    """Scores of pairs in their order, forwarded here in length-sorted batches (`score_rows`)."""
+    forward = model_forward(model, max_batch_tokens)
+    return score_rows(model.labels, model.tokenizer, pairs, forward, max_chunks, chunk_overlap)
 
 
 def score_rows(
@@ -118,41 +148,44 @@ def score_rows(
     tokenizer: PairTokenizer,
     pairs: Sequence[tuple[str, str] | None],
     forward: Forward,
-    prefix: str = "",
     max_chunks: int | None = None,
     chunk_overlap: int = CHUNK_OVERLAP,
-) -> Scores:
-    """Score columns of pairs in their order; None rows stay empty. Each distinct pair goes to `forward` once
-    and its row is copied to its duplicates (the same numbers, bit for bit: search logs repeat their popular
-    pairs). With `max_chunks`, a title longer than the model's window is scored in at most that many windows
-    (`model.windows.split_pairs`, as the service's `max_chunks`) and gets its best window's scores and the
-    WINDOW_COLUMNS."""
-    n_labels, windowed = len(labels), max_chunks is not None
+) -> ScoredBatch[np.ndarray]:
+    """Scores of pairs in their order; a None row gets NaN scores and level -1. Each distinct pair goes to
+    `forward` once and its row is copied to its duplicates (the same numbers, bit for bit: search logs repeat
+    their popular pairs). With `max_chunks`, a title longer than the model's window is scored in at most that
+    many windows (`model.windows.split_pairs`, as the service's `max_chunks`) and gets its best window's
+    scores and `window` (WINDOW_COLUMNS)."""
+    n, k = len(pairs), len(labels)
+    out: ScoredBatch[np.ndarray] = ScoredBatch(
+        np.full((n, k), np.nan, dtype=np.float32),
+        np.full((n, k), np.nan, dtype=np.float32),
+        np.full(n, np.nan, dtype=np.float32),
+        np.full(n, -1, dtype=np.int64),
+        np.full((n, len(WINDOW_COLUMNS)), np.nan, dtype=np.float32) if max_chunks is not None else None,
+    )
     present = [(i, p) for i, p in enumerate(pairs) if p is not None]
+    if not present:
+        return out
     good = [i for i, _ in present]
-    values = np.full((len(pairs), 1 + n_labels + 4 * windowed), np.nan, dtype=np.float32)
-    level: list[str | None] = [None] * len(pairs)
     distinct: dict[tuple[str, str], int] = {}
     rows = [distinct.setdefault(p, len(distinct)) for _, p in present]  # per good row, its distinct pair
     todo = list(distinct)
-    if good and max_chunks is not None:
+    if max_chunks is not None:
         docs = split_pairs(tokenizer, [q for q, _ in todo], [t for _, t in todo], max_chunks, chunk_overlap)
         windows: dict[tuple[str, str], int] = {}  # the distinct windows, forwarded once each
         at = [[windows.setdefault((q, w.text), len(windows)) for w in ws] for (q, _), ws in zip(todo, docs)]
         todo = list(windows)
-    if good:
-        expected, probs, levels = forward(todo)
-        if max_chunks is not None:
-            pick = [best(expected[r].tolist()) for r in at]
-            won = [r[k] for r, k in zip(at, pick)]  # per distinct pair, its best window
-            expected, probs, levels = expected[won], probs[won], [levels[j] for j in won]
-            spans = [[k, len(ws), ws[k].start, ws[k].end] for k, ws in zip(pick, docs)]
-            values[good, 1 + n_labels :] = np.array(spans, dtype=np.float32)[rows]
-        values[good, 0] = expected[rows]
-        values[good, 1 : 1 + n_labels] = probs[rows]
-        for i, k in zip(good, rows):
-            level[i] = labels[levels[k]]
-    return Scores(score_names(labels, prefix, windowed), level, values, len(todo) if good else 0)
+    got = forward(todo)
+    if out.window is not None:
+        pick = [best(got.expected[r].tolist()) for r in at]
+        won = [r[j] for r, j in zip(at, pick)]  # per distinct pair, its best window
+        got = got.map(lambda c: c[won])
+        spans = [[j, len(ws), ws[j].start, ws[j].end] for j, ws in zip(pick, docs)]
+        out.window[good] = np.array(spans, dtype=np.float32)[rows]
+    out.logits[good], out.probs[good] = got.logits[rows], got.probs[rows]
+    out.expected[good], out.level[good] = got.expected[rows], got.level[rows]
+    return out
 
 
 def _bad_rows(path: Path, chunk: Chunk, max_errors: int) -> DataError:
@@ -197,15 +230,22 @@ class _Progress:
 
 
 class _LocalScorer:
-    """`score_pairs` on a model loaded here, with the options' batch budget, prefix and windows."""
+    """`score_rows` on a model loaded here, with the options' batch budget and windows."""
 
     def __init__(self, model: RelevanceModel, o: ScoreOptions):
         self.model, self.o = model, o
         self.labels: Sequence[str] = model.labels
+        self.forwarded = 0
+        self._forward = model_forward(model, o.max_batch_tokens)
 
-    def __call__(self, pairs: Sequence[tuple[str, str] | None]) -> Scores:
-        o = self.o
-        return score_pairs(self.model, pairs, o.max_batch_tokens, o.prefix, o.max_chunks, o.chunk_overlap)
+    def __call__(self, pairs: Sequence[tuple[str, str] | None]) -> ScoredBatch[np.ndarray]:
+        return score_rows(
+            self.labels, self.model.tokenizer, pairs, self.forward, self.o.max_chunks, self.o.chunk_overlap
+        )
+
+    def forward(self, todo: list[tuple[str, str]]) -> ScoredBatch[np.ndarray]:
+        self.forwarded += len(todo)
+        return self._forward(todo)
 
 
 def score_file(
@@ -273,16 +313,14 @@ def run_file(
     if kept:
         log.info("%s holds %d complete rows (to the last whole chunk): going on from row %d", output, kept, kept + 1)
     bar = _Progress(progress, source.total, kept)
-    t0, scored, bad, forwarded = time.perf_counter(), 0, 0, 0
+    t0, scored, bad, sent = time.perf_counter(), 0, 0, scorer.forwarded
     try:
         for chunk in source.chunks(chunk_rows, skip=kept):
             if chunk.problems and not o.skip_bad:
                 raise _bad_rows(input, chunk, max_errors)
-            scores = scorer(chunk.pairs)
-            sink.write(chunk, scores)
+            sink.write(chunk, *score_columns(scorer(chunk.pairs), scorer.labels))
             if on_chunk is not None:
                 on_chunk(sink.rows_done)
-            forwarded += scores.forwarded
             scored += len(chunk) - len(chunk.problems)
             bad += len(chunk.problems)
             if chunk.problems:
@@ -305,7 +343,7 @@ def run_file(
         "scored": scored,
         "bad": bad,
         "kept": kept,
-        "forwarded": forwarded,  # distinct pairs of each chunk: the duplicates were copied, not scored
+        "forwarded": scorer.forwarded - sent,  # distinct pairs of each chunk: the duplicates were copied, not scored
         "seconds": round(seconds, 3),
         "pairs_per_s": round((scored + bad) / max(seconds, 1e-9), 1),
     }

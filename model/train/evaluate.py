@@ -6,14 +6,15 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Sequence
 
+from torch import Tensor
+
 from model.data import Dataset, Example
-from model.levels import MAX_BATCH_TOKENS
+from model.levels import MAX_BATCH_TOKENS, ScoredBatch
 from model.relevance import RelevanceModel
-from model.scoring import ScoredBatch
 from model.train.metrics import all_metrics
 
 
-def metrics_of(ds: Dataset, scored: ScoredBatch) -> dict:
+def metrics_of(ds: Dataset, scored: ScoredBatch[Tensor]) -> dict:
     """All metrics for the scored pairs of `ds` (levels by the model's rule, scores its expected
     level). The expected level is on the 1..k rank scale for the numeric Home Depot levels."""
     k = scored.probs.shape[1]
@@ -29,7 +30,7 @@ def metrics_of(ds: Dataset, scored: ScoredBatch) -> dict:
 
 def score_dataset(
     model: RelevanceModel, examples: Sequence[Example], max_batch_tokens: int = MAX_BATCH_TOKENS
-) -> ScoredBatch:
+) -> ScoredBatch[Tensor]:
     enc = model.encode([(e.query, e.title) for e in examples])
     return model.score(model.encoded_logits(enc, max_batch_tokens))
 
@@ -38,7 +39,9 @@ def evaluate(model: RelevanceModel, ds: Dataset, max_batch_tokens: int = MAX_BAT
     return metrics_of(ds, score_dataset(model, ds.examples, max_batch_tokens))
 
 
-def negatives_report(ds: Dataset, judged: ScoredBatch, negatives: Sequence[Example], neg: ScoredBatch) -> dict:
+def negatives_report(
+    ds: Dataset, judged: ScoredBatch[Tensor], negatives: Sequence[Example], neg: ScoredBatch[Tensor]
+) -> dict:
     """How unrelated titles are graded: the share at the lowest level, at the lowest two, and the AUC of
     judged candidates against the negatives of the same query (ties count half)."""
     lv = neg.level

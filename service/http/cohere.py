@@ -41,7 +41,6 @@ from service.http.schemas import (
     check_windows,
     limited,
 )
-from service.runtime.engine import Windowed
 
 router = APIRouter(tags=["rerank (Cohere, Jina)"])
 
@@ -195,7 +194,7 @@ async def rerank(
     results.sort(key=lambda r: -r["relevance_score"])  # stable: ties keep the request's order
     if body.top_n is not None:
         results = results[: body.top_n]
-    tokens = scored.tokens if isinstance(scored, Windowed) else sum(scored.lengths)  # with windows: every window's
+    tokens = scored.tokens  # with windows: every window's
     meta = {
         "api_version": {"version": version},
         "billed_units": {"search_units": math.ceil(len(texts) / 100), "input_tokens": tokens},

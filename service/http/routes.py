@@ -28,7 +28,7 @@ from service.http.schemas import (
 )
 from service.logs import keep_private
 from service.metrics import Metrics
-from service.runtime.engine import EngineAPI, NotReady, Scored, Windowed, WindowPick
+from service.runtime.engine import EngineAPI, NotReady, Scored
 from service.settings import Settings
 
 router = APIRouter()  # scoring and /info: protected by an API key when keys are set (app.PROTECTED_ROUTERS)
@@ -78,7 +78,7 @@ async def score_watched(
     max_chunks: int | None = None,
     chunk_overlap: int | None = None,
     **kw,
-) -> Scored | Windowed:
+) -> Scored:
     """Score (each long title in at most `max_chunks` windows, when given), dropping the work the moment the
     client disconnects: its queued pairs never reach the model. A client already gone costs no tokenisation.
     The hang-up cancels this very task (no second task, no `asyncio.wait`: ~15 us a request less). A pair
@@ -115,7 +115,7 @@ async def score_watched(
     raise ServiceError(ErrorKind.CLIENT_CLOSED, "client closed the connection")
 
 
-def unread_warning(scored: Scored | Windowed, settings: Settings) -> str | None:
+def unread_warning(scored: Scored, settings: Settings) -> str | None:
     """The warning of a response whose pairs the model mostly cannot read (over unknown_share_warn), if any."""
     limit = settings.unknown_share_warn
     if not (unread := [i for i, x in enumerate(scored.unknown) if x > limit]):
@@ -126,11 +126,11 @@ def unread_warning(scored: Scored | Windowed, settings: Settings) -> str | None:
     )
 
 
-def window_of(scored: Scored | Windowed, i: int) -> dict[str, Any] | None:
+def window_of(scored: Scored, i: int) -> dict[str, Any] | None:
     """The window whose scores document i got (`WindowResult`), where the request asked for windows."""
-    if not isinstance(scored, Windowed):
+    if scored.picks is None:
         return None
-    p: WindowPick = scored.picks[i]
+    p = scored.picks[i]
     return {"index": p.index, "count": p.count, "start": p.start, "end": p.end}
 
 

@@ -15,9 +15,8 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from model.batches import bulk_batches
-from model.bulk.io import Scores
 from model.bulk.score import score_rows
-from model.levels import CHUNK_OVERLAP, MAX_BATCH_TOKENS, PairScore
+from model.levels import CHUNK_OVERLAP, MAX_BATCH_TOKENS, PairScore, ScoredBatch
 from model.tokenizer import EncodedPairs
 from service.jobs.api import Job
 from service.runtime.engine import Closed, DeadlineExceeded, Engine, NotReady, Overloaded
@@ -60,27 +59,32 @@ class EngineScorer:
         self.labels = info.labels
         self.bad = 0  # rows without a score since the last chunk written
         self.started, self.pairs = time.perf_counter(), 0  # this run's pairs scored, for the rate
+        self.forwarded = 0  # distinct pairs (or windows) sent to the model, for run_file's summary
         self.in_flight = 0  # batches sent and not answered
 
     @property
     def rate(self) -> float:
         return self.pairs / max(time.perf_counter() - self.started, 1e-9)
 
-    def __call__(self, pairs: Sequence[tuple[str, str] | None]) -> Scores:
+    def __call__(self, pairs: Sequence[tuple[str, str] | None]) -> ScoredBatch[np.ndarray]:
         o = self.job.options
         overlap = CHUNK_OVERLAP if o.chunk_overlap is None else o.chunk_overlap
         self.bad += sum(p is None for p in pairs)
-        return score_rows(self.labels, self.info.tokenizer, pairs, self._forward, o.prefix, o.max_chunks, overlap)
+        return score_rows(self.labels, self.info.tokenizer, pairs, self._forward, o.max_chunks, overlap)
 
-    def _forward(self, todo: list[tuple[str, str]]) -> tuple[np.ndarray, np.ndarray, list[int]]:
+    def _forward(self, todo: list[tuple[str, str]]) -> ScoredBatch[np.ndarray]:
         """On run_file's thread: tokenise and plan as `qtrel score` does, then forward on the event loop."""
         tok, o = self.info.tokenizer, self.job.options
         enc = tok.encode([q for q, _ in todo], [t for _, t in todo], truncation=o.truncation)
         batches = bulk_batches(enc.lengths, MAX_BATCH_TOKENS, self.info.device.startswith("cpu"))
         outputs = asyncio.run_coroutine_threadsafe(self.forward(enc, batches), self.loop).result()
-        expected = np.array([x.expected for x in outputs], dtype=np.float32)
-        probs = np.array([x.probs for x in outputs], dtype=np.float32)
-        return expected, probs, [x.level for x in outputs]
+        self.forwarded += len(todo)
+        return ScoredBatch(  # PairScore's Python floats hold float32 values: back to float32 exactly
+            np.array([x.logits for x in outputs], dtype=np.float32),
+            np.array([x.probs for x in outputs], dtype=np.float32),
+            np.array([x.expected for x in outputs], dtype=np.float32),
+            np.array([x.level for x in outputs], dtype=np.int64),
+        )
 
     async def forward(self, enc: EncodedPairs, batches: list[list[int]]) -> list[PairScore]:
         """The batches through the engine, paced; the pairs' outputs in their order."""

@@ -8,7 +8,6 @@ from typing import Any, Protocol
 
 from service.runtime.batcher import Overloaded
 from service.runtime.results import Scored, Tokenized
-from service.runtime.windows import Windowed
 from service.runtime.workers.worker_api import ModelInfo
 
 
@@ -37,7 +36,7 @@ class EngineAPI(Protocol):
     ) -> Scored: ...
     async def score_windows(
         self, queries: list[str], titles: list[str], max_chunks: int, overlap: int | None = None, **options: Any
-    ) -> Windowed: ...
+    ) -> Scored: ...
     async def tokenize(
         self, queries: list[str], titles: list[str], truncation: str = ..., side: str = ..., model: str | None = ...
     ) -> Tokenized: ...

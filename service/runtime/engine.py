@@ -30,10 +30,18 @@ from service.runtime.encoded import Encoded, Stale
 from service.runtime.flight import Flight, Flights
 from service.runtime.layout import package_version, resolve_http_workers
 from service.runtime.models import ModelNotFound, Models, ReloadBusy, ReloadFailed, Served, Slot
-from service.runtime.results import InferenceFailed, InputTooLong, Scored, Tokenized, Unreadable, check_readable
+from service.runtime.results import (
+    InferenceFailed,
+    InputTooLong,
+    Scored,
+    Tokenized,
+    Unreadable,
+    WindowPick,
+    check_readable,
+)
 from service.runtime.scoring import FrameSide, describe_error
 from service.runtime.texts import INLINE_PAIRS, TextSide
-from service.runtime.windows import TooManyWindows, Windowed, WindowPick
+from service.runtime.windows import TooManyWindows
 from service.runtime.workers.backend import BackendError, NotReady
 from service.runtime.workers.worker import ModelInfo
 from service.settings import Settings
@@ -59,7 +67,6 @@ __all__ = [  # the errors HTTP maps (service.http.errors), with the engine's own
     "TooManyWindows",
     "Unreadable",
     "WindowPick",
-    "Windowed",
 ]
 
 log = logging.getLogger("qtrel.engine")

@@ -11,14 +11,34 @@ from model.tokenizer import EncodedPairs, PairCut
 from service.runtime.workers.backend import BackendError
 
 
+@dataclass(frozen=True, slots=True)
+class WindowPick:
+    """Which window of a document won, and where it lies in the document."""
+
+    index: int  # 0-based, in document order
+    count: int  # windows the document was scored in (1: it fitted)
+    start: int  # the window's character span in the document: document[start:end]
+    end: int
+
+
 @dataclass
 class Scored:
+    """The engine's answer: per pair its scores and what the tokenizer saw, and which model scored them. Scored
+    in windows (`Engine.score_windows`), a row is a document and holds its best window's."""
+
     outputs: list[PairScore]
     lengths: list[int]  # per pair, its tokens (special tokens included)
     truncated: list[bool]  # per pair, whether truncation cut it
     labels: list[str]  # the model's levels, in class order
     model: str  # the model's name
     unknown: list[float]  # per pair, the share of its text the model cannot read (EncodedPairs.unknown)
+    picks: list[WindowPick] | None = None  # scored in windows: per document, the window whose scores it got
+    window_tokens: int = 0  # scored in windows: the tokens of every window
+
+    @property
+    def tokens(self) -> int:
+        """The tokens the request cost: with windows, every window's."""
+        return self.window_tokens if self.picks is not None else sum(self.lengths)
 
 
 @dataclass

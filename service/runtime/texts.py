@@ -15,7 +15,7 @@ from model.tokenizer import EncodedPairs
 from model.windows import split_pairs
 from service.metrics import Metrics
 from service.runtime.results import Scored, Tokenized
-from service.runtime.windows import TooManyWindows, Windowed, flatten, reduce
+from service.runtime.windows import TooManyWindows, flatten, reduce
 from service.runtime.workers.worker_api import ModelInfo
 from service.settings import Settings
 from service.tracing import Tracing
@@ -60,7 +60,7 @@ class TextSide:
 
     async def score_windows(
         self, queries: list[str], titles: list[str], max_chunks: int, overlap: int | None = None, **options
-    ) -> Windowed:
+    ) -> Scored:
         """`score`, each title longer than the model's window split into at most `max_chunks` windows that
         share `overlap` tokens (default: the chunk_overlap setting); a title gets its best window's scores
         (service.runtime.windows). The windows count against max_pairs_per_request."""

@@ -6,32 +6,9 @@ scores. No HTTP, no torch."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from model.levels import PairScore
 from model.windows import Window, best
-
-
-@dataclass(frozen=True, slots=True)
-class WindowPick:
-    """Which window of a document won, and where it lies in the document."""
-
-    index: int  # 0-based, in document order
-    count: int  # windows the document was scored in (1: it fitted)
-    start: int  # the window's character span in the document: document[start:end]
-    end: int
-
-
-@dataclass
-class Windowed:
-    outputs: list[PairScore]  # per document, its best window's scores
-    lengths: list[int]  # per document, its best window's tokens (special tokens included)
-    truncated: list[bool]
-    picks: list[WindowPick]
-    tokens: int  # tokens of every window scored (what the request cost)
-    labels: list[str]
-    model: str
-    unknown: list[float]  # per document, its best window's unknown share
+from service.runtime.results import Scored, WindowPick
 
 
 class TooManyWindows(ValueError):
@@ -58,10 +35,11 @@ def reduce(
     labels: list[str],
     model: str,
     unknown: list[float],
-) -> Windowed:
+) -> Scored:
     """Each document's best window (the highest expected level, the first of equals), from the windows'
     scores in `flatten`'s order."""
-    res = Windowed([], [], [], [], sum(lengths), labels, model, [])
+    picks: list[WindowPick] = []
+    res = Scored([], [], [], labels, model, [], picks, window_tokens=sum(lengths))
     i = 0
     for windows in docs:
         n = len(windows)
@@ -70,6 +48,6 @@ def reduce(
         res.lengths.append(lengths[i + k])
         res.truncated.append(truncated[i + k])
         res.unknown.append(unknown[i + k])
-        res.picks.append(WindowPick(k, n, windows[k].start, windows[k].end))
+        picks.append(WindowPick(k, n, windows[k].start, windows[k].end))
         i += n
     return res

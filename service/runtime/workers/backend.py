@@ -23,12 +23,16 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import TYPE_CHECKING, Any
 
-from model.levels import MAX_BATCH_TOKENS
+from model.levels import MAX_BATCH_TOKENS, ScoredBatch
 
 if TYPE_CHECKING:  # the model lives in the model processes
+    import numpy as np
+
     from model.relevance import RelevanceModel
 
 Encoded = tuple[list[int], list[int]]  # (input_ids, token_type_ids) of one pair
+# A forwarded batch: its scores as numpy columns (model.levels.ScoredBatch), and the forward pass's seconds
+Forwarded = tuple[ScoredBatch["np.ndarray"], float]
 
 # Where the server hands the fork server the LoadSpec to load as its template (JSON): set by backend_process,
 # read by template, which the server never imports
@@ -68,7 +72,7 @@ class WarmUp(_Message):
 
 @dataclass(frozen=True)
 class Forward(_Message):
-    """Score one batch; answered by Result(BatchScores) or Error."""
+    """Score one batch; answered by Result(Forwarded) or Error."""
 
     batch: Sequence[Encoded]
 
@@ -119,17 +123,6 @@ Reply = Loaded | Ready | Failed | Result | Error
 # The model's side of a Forward or Job (service.runtime.workers.runner.handle, unless a backend is given
 # another): a module-level function, so that it reaches a model process by reference.
 Answer = Callable[["RelevanceModel", LoadSpec, Forward | Job], Reply]
-
-
-@dataclass(frozen=True)
-class BatchScores(_Message):
-    """A forwarded batch as plain lists (cheap to pickle): one row per pair, in batch order."""
-
-    logits: list[list[float]]
-    probs: list[list[float]]
-    level: list[int]  # class index chosen by the model's level rule
-    expected: list[float]  # expected level: the ranking score
-    seconds: float  # time of the forward pass itself
 
 
 @dataclass(frozen=True)
@@ -210,8 +203,9 @@ class Backend(ABC):
         """Warm the loaded model up (a no-op if the spec says no warm-up). Raises LoadFailed."""
 
     @abstractmethod
-    def forward(self, batch: Sequence[Encoded]) -> BatchScores:
-        """Score one batch. Raises ModelError, or ProcessDied."""
+    def forward(self, batch: Sequence[Encoded]) -> Forwarded:
+        """Score one batch: its scores, rows in batch order, and the forward's seconds. Raises ModelError, or
+        ProcessDied."""
 
     @abstractmethod
     def job(self, name: str, args: tuple = (), kwargs: dict | None = None) -> Any:

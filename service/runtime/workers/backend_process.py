@@ -32,11 +32,11 @@ from service.runtime.workers.backend import (
     TEMPLATE_ENV,
     Answer,
     Backend,
-    BatchScores,
     Encoded,
     Error,
     Failed,
     Forward,
+    Forwarded,
     Health,
     InFlight,
     Job,
@@ -207,7 +207,7 @@ class ProcessBackend(Backend):
             raise LoadFailed(reply.reason)
         return reply
 
-    def forward(self, batch: Sequence[Encoded]) -> BatchScores:
+    def forward(self, batch: Sequence[Encoded]) -> Forwarded:
         return self._call(Forward(batch), "Forward")
 
     def job(self, name: str, args: tuple = (), kwargs: dict | None = None) -> Any:

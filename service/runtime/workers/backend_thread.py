@@ -1,7 +1,7 @@
 """The thread backend: the model lives in the server process and runs on its replica's thread.
 
-For debugging and fault-injection tests (a test can reach the model object); a forward then shares the
-GIL with the event loop (docs/design.md). The model cannot die apart from the server, nor be killed.
+For debugging; a forward then shares the GIL with the event loop (docs/design.md). The model cannot die apart
+from the server, nor be killed.
 """
 
 from __future__ import annotations
@@ -14,9 +14,9 @@ from service.runtime.workers import runner
 from service.runtime.workers.backend import (
     Answer,
     Backend,
-    BatchScores,
     Encoded,
     Forward,
+    Forwarded,
     Health,
     Job,
     LoadFailed,
@@ -32,35 +32,35 @@ class ThreadBackend(Backend):
         self.spec = spec
         self.name = name
         self.answer: Answer = answer or runner.handle
-        self.model: RelevanceModel | None = None  # reachable for fault-injection tests
+        self._model: RelevanceModel | None = None
 
     def load(self) -> dict:
         try:
-            self.model = runner.load_model(self.spec)
-            runner.start_inference(self.model, self.spec)
+            self._model = model = runner.load_model(self.spec)
+            runner.start_inference(model, self.spec)
         except Exception as e:
             raise LoadFailed(f"{type(e).__name__}: {e}") from e
-        return self.model.describe()
+        return model.describe()
 
     def warm_up(self) -> None:
         try:
-            runner.warm_up(self._model(), self.spec)
+            runner.warm_up(self._loaded(), self.spec)
         except Exception as e:
             raise LoadFailed(f"{type(e).__name__}: {e}") from e
 
-    def forward(self, batch: Sequence[Encoded]) -> BatchScores:
-        return raise_for(self.answer(self._model(), self.spec, Forward(batch)))
+    def forward(self, batch: Sequence[Encoded]) -> Forwarded:
+        return raise_for(self.answer(self._loaded(), self.spec, Forward(batch)))
 
     def job(self, name: str, args: tuple = (), kwargs: dict | None = None) -> Any:
-        return raise_for(self.answer(self._model(), self.spec, Job(name, args, kwargs or {})))
+        return raise_for(self.answer(self._loaded(), self.spec, Job(name, args, kwargs or {})))
 
     def health(self) -> Health:
-        return Health(self.model is not None, "" if self.model is not None else "not loaded")
+        return Health(self._model is not None, "" if self._model is not None else "not loaded")
 
     def close(self) -> None:
-        self.model = None
+        self._model = None
 
-    def _model(self) -> RelevanceModel:
-        if self.model is None:
+    def _loaded(self) -> RelevanceModel:
+        if self._model is None:
             raise LoadFailed("the model is not loaded")
-        return self.model
+        return self._model

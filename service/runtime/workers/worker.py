@@ -27,7 +27,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from model.levels import PairScore
 from model.tokenizer import PairTokenizer
@@ -47,9 +47,6 @@ from service.runtime.workers.backend import (
 from service.runtime.workers.backend_process import ProcessBackend
 from service.runtime.workers.replica import ENDING, Replica, RestartPolicy
 from service.runtime.workers.worker_api import ModelInfo, NoObserver, WorkerObserver
-
-if TYPE_CHECKING:  # the model lives in the model processes: this process loads torch only in thread mode
-    from model.relevance import RelevanceModel
 
 __all__ = ["ModelInfo", "RestartPolicy", "Worker", "WorkerObserver"]
 
@@ -126,12 +123,6 @@ class Worker:
     def pids(self) -> list[int]:
         return [pid for r in self._replicas if r.backend is not None and (pid := r.backend.pid) is not None]
 
-    @property
-    def model(self) -> RelevanceModel | None:
-        """The model object in thread mode (for fault-injection tests); None in process mode."""
-        b = self._replicas[0].backend
-        return None if self.mode != "thread" or b is None else b.model  # type: ignore[attr-defined]
-
     def alive(self) -> bool:
         """Liveness: a replica thread runs (or the model still loads), no model process is in a crash loop
         and none has failed for good."""
@@ -197,7 +188,7 @@ class Worker:
     async def _isolating(self, batch: list[Encoded], retry: bool) -> list[PairScore | BackendError]:
         failure: ProcessDied | ModelError
         try:
-            scores = await asyncio.wrap_future(self._submit(Forward(batch)))
+            scores, seconds = await asyncio.wrap_future(self._submit(Forward(batch)))
         except ProcessDied as e:
             if retry:
                 self._obs.batch_retried()
@@ -210,8 +201,8 @@ class Worker:
             self._obs.batch_failed("error")
             raise
         else:
-            self._obs.forwarded(scores.seconds)
-            return [PairScore(*row) for row in zip(scores.logits, scores.probs, scores.level, scores.expected)]
+            self._obs.forwarded(seconds)
+            return list(scores.rows())
         reason = "process_died" if isinstance(failure, ProcessDied) else "error"
         if len(batch) == 1:
             self._obs.batch_failed(reason)

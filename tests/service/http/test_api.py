@@ -13,6 +13,7 @@ import pytest
 from model.relevance import RelevanceModel
 from tests.conftest import read_pairs
 from tests.service.conftest import live_server, run
+from tests.service.runtime.workers.hooked import FailNext, serve_hooked
 
 
 def reference_scores(model_dir, pairs):
@@ -276,21 +277,13 @@ def test_disconnected_client_work_is_dropped(tiny_checkpoint):
         assert srv.metric("qtrel_pairs_in_flight") == 0
 
 
-def test_failing_forward_fails_only_its_batch(tiny_checkpoint):
-    """Fault injection (model on a thread, so the test can reach it): the model raises for one forward
-    pass; that request gets a 500 with the error shape, and the next request is served normally."""
+def test_failing_forward_fails_only_its_batch(tiny_checkpoint, monkeypatch):
+    """Fault injection (the test backend, its model on a thread): the model raises for one forward pass; that
+    request gets a 500 with the error shape, and the next request is served normally."""
+    fault = FailNext()
+    serve_hooked(monkeypatch, "thread", fault)
     with live_server(tiny_checkpoint, worker="thread") as srv:
-        model = srv.engine.worker.model
-        original = model.logits
-        calls = {"n": 0}
-
-        def failing_once(*a, **kw):
-            calls["n"] += 1
-            if calls["n"] == 1:
-                raise RuntimeError("injected fault")
-            return original(*a, **kw)
-
-        model.logits = failing_once
+        fault.arm()
         r = httpx.post(srv.url + "/score", json={"query": "q", "titles": ["t"]})
         assert r.status_code == 500
         assert r.json()["error_type"] == "backend" and "injected fault" in r.json()["error"]

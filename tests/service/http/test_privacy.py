@@ -17,6 +17,7 @@ from service.http.routes import check_limits
 from service.http.schemas import ScoreRequest
 from service.logs import REDACTED, JsonFormatter, keep_private, private_texts, redact_private_texts
 from tests.service.conftest import live_server
+from tests.service.runtime.workers.hooked import FailNext, serve_hooked
 
 QUERY, TITLE = "zyxwv private query 7731", "qwerty private title 4419"
 leaky = APIRouter()
@@ -38,8 +39,8 @@ def everything_logged(records: list[logging.LogRecord]) -> str:
     return "\n".join(f"{fmt.format(r)} {vars(r)!r}" for r in server)
 
 
-def exercise(srv) -> None:
-    """Every path that could log a request's texts, each with the private texts."""
+def exercise(srv, fault: FailNext) -> None:
+    """Every path that could log a request's texts, each with the private texts; `fault` is the thread model's."""
     url = srv.url
     ok = [
         ("/score", {"query": QUERY, "titles": [TITLE, "garden hose"]}),
@@ -55,14 +56,7 @@ def exercise(srv) -> None:
     assert refused.status_code == 422
     assert httpx.post(url + "/score", json={"query": QUERY, "titles": [TITLE * 3]}).status_code == 413
     assert httpx.get(url + "/explain/view", params={"query": QUERY, "title": TITLE}).status_code == 200
-    model = srv.engine.worker.model  # the thread worker's model: fail its next forward pass
-    forward = model.logits
-
-    def failing(*a, **kw):
-        model.logits = forward
-        raise RuntimeError("injected fault")
-
-    model.logits = failing
+    fault.arm()  # fail the model's next forward pass
     fresh = {"Cache-Control": "no-cache"}  # the pair was scored above: past the cache, to the failing forward
     assert httpx.post(url + "/score", json={"query": QUERY, "titles": [TITLE]}, headers=fresh).status_code == 500
     assert httpx.post(url + "/v9/leaky", json={"query": QUERY, "titles": [TITLE]}).status_code == 500
@@ -74,10 +68,12 @@ def with_leaky_route(monkeypatch):
 
 
 @pytest.mark.parametrize("log_texts", [False, True])
-def test_texts_reach_the_logs_only_with_log_texts(tiny_checkpoint, caplog, with_leaky_route, log_texts):
+def test_texts_reach_the_logs_only_with_log_texts(tiny_checkpoint, caplog, with_leaky_route, log_texts, monkeypatch):
     caplog.set_level(logging.DEBUG)
+    fault = FailNext()
+    serve_hooked(monkeypatch, "thread", fault)
     with live_server(tiny_checkpoint, worker="thread", max_text_chars=60, log_texts=log_texts) as srv:
-        exercise(srv)
+        exercise(srv, fault)
     logged = everything_logged(caplog.records)
     # the paths ran and logged: the refusal, the failed batch, the unhandled error with its traceback
     assert "refused (validation)" in logged and "injected fault" in logged and "unhandled error" in logged

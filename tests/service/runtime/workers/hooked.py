@@ -35,6 +35,21 @@ def die_on_poison(model, batch):
         os._exit(3)
 
 
+class FailNext:
+    """A fault for a thread backend: once armed, the next `n` forward passes raise RuntimeError(message)."""
+
+    def __init__(self, message: str = "injected fault"):
+        self.message, self.left = message, 0
+
+    def arm(self, n: int = 1) -> None:
+        self.left = n
+
+    def __call__(self, model, batch):
+        if self.left > 0:
+            self.left -= 1
+            raise RuntimeError(self.message)
+
+
 def template_state(model):
     """Whether this model process serves the fork server's template model, and its torch threads."""
     import torch
@@ -95,3 +110,10 @@ def hooked(mode: str = "process", fault=None):
     """A Worker's `backend`: the hooked backend of `mode`, with `fault` before each forward."""
     kind = HookedProcessBackend if mode == "process" else HookedThreadBackend
     return partial(kind, fault=fault)
+
+
+def serve_hooked(monkeypatch, mode: str = "process", fault=None) -> None:
+    """Every Worker a server builds from here on (service.runtime.models) runs the hooked backend of `mode`."""
+    from service.runtime import models
+
+    monkeypatch.setattr(models, "Worker", partial(models.Worker, backend=hooked(mode, fault)))

@@ -10,15 +10,16 @@ import signal
 import threading
 import time
 
+import numpy as np
 import pytest
 import torch
 
 from model.explain import explain_pair
+from model.levels import ScoredBatch
 from model.relevance import RelevanceModel
 from service.runtime.workers import runner
 from service.runtime.workers.backend import (
     TRANSITIONS,
-    BatchScores,
     Error,
     Forward,
     IllegalTransition,
@@ -147,10 +148,14 @@ def model(tiny_checkpoint):
 def test_forward_is_the_models_one_scoring_call(model, tiny_checkpoint):
     enc = model.tokenizer.encode(["drill", "drill"], ["cordless drill", "deck stain"])
     reply = runner.handle(model, LoadSpec(str(tiny_checkpoint)), Forward(list(zip(enc.input_ids, enc.token_type_ids))))
-    assert isinstance(reply, Result) and isinstance(reply.value, BatchScores)
+    assert isinstance(reply, Result)
+    scored, seconds = reply.value
+    assert isinstance(scored, ScoredBatch) and isinstance(scored.probs, np.ndarray) and seconds > 0
     want = model.score(model.logits(enc.input_ids, enc.token_type_ids))
-    assert torch.allclose(torch.tensor(reply.value.probs), want.probs)
-    assert reply.value.level == want.level.tolist() and reply.value.expected == pytest.approx(want.expected.tolist())
+    assert torch.allclose(torch.from_numpy(scored.probs), want.probs)
+    assert scored.level.tolist() == want.level.tolist() and scored.expected.tolist() == pytest.approx(
+        want.expected.tolist()
+    )
 
 
 def test_jobs_are_looked_up_by_name(model, tiny_checkpoint):

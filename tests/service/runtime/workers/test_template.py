@@ -45,11 +45,11 @@ if __name__ == "__main__":
             inference.append(info["inference"])
             probes.append(info["inference_probe"])
             b.warm_up()
-        scores = [b.forward(batch).expected for b in backends]
+        scores = [b.forward(batch)[0].expected.tolist() for b in backends]  # (ScoredBatch, seconds)
         server = [int(open(f"/proc/{b.pid}/stat").read().rsplit(")", 1)[1].split()[1]) for b in backends]
         out = {
             "scores": scores,
-            "want": forward_batch(load_model(spec), batch).expected,
+            "want": forward_batch(load_model(spec), batch)[0].expected.tolist(),
             "states": [b.job("state") for b in backends],
             "parents": server,
             "me": os.getpid(),
