@@ -9,6 +9,7 @@ from typing import Any
 import uvicorn
 
 from service.app import Lifecycle
+from service.coalesce import TurnHttpProtocol
 from service.settings import Settings
 
 
@@ -31,6 +32,7 @@ def http_server(app: Any, settings: Settings, lifecycle: Lifecycle, **bind: Any)
         log_level=settings.log_level,
         timeout_graceful_shutdown=int(settings.drain_timeout_s) or None,
         access_log=False,
+        http=TurnHttpProtocol,  # one socket write per response (service.coalesce)
         **bind,
     )
     server = DrainingServer(config, lifecycle)

@@ -15,6 +15,9 @@ tokenisation and response shaping, and send the core token ids over a Unix socke
                     ("ok", id, value) or ("err", id, error)  a call's answer (and a score held by a reload)
                     ("state", 0, snapshot)   readiness, liveness and each model's generation and path,
                                              pushed on every change (probes never wait on the core)
+                    ("full", 0, error or None)  admission: every queue full (the Overloaded a request
+                                             would meet, as wire.dump_error), or room again; pushed on a
+                                             change, so that a front refuses before reading a body
                     ("collect", id)          the front's metric samples, for a merged /metrics
 
 A frame's requests are taken on the event loop without a task each (service.runtime.scoring: one
@@ -43,6 +46,9 @@ from service.runtime.wire import Channel, dump_error
 log = logging.getLogger("qtrel.core")
 
 STATE_EVERY_S = 0.1  # how often the core looks for a change of state to push to the fronts
+# While the fronts refuse (every queue full), how often the core looks whether there is room again: a queue
+# is refused only with ~a second of work ahead (max_queue_wait_ms), so this lag leaves the model no gap.
+FULL_EVERY_S = 0.01
 COLLECT_TIMEOUT_S = 2.0  # a front that does not answer a metrics collection in time is left out
 CALLS = ("explain", "reload", "info", "model_list", "jobs_wake")  # what a front may call by name
 
@@ -82,6 +88,8 @@ class Link:
         elif op == "hello":
             self.pid = frame[2]
             self.channel.send(("state", 0, self.core.snapshot()))
+            if self.core.full is not None:
+                self.channel.send(("full", 0, self.core.full))
 
     def _scores(self, requests: list) -> None:
         engine, tracing = self.core.engine, self.core.engine.tracing
@@ -98,9 +106,12 @@ class Link:
                 self.pending[rid] = p  # type: ignore[assignment]
         for batcher in touched:
             batcher.report()
+        self.core.push_full()
 
     def _reply(self, rid: int, error: BaseException | None, scored) -> None:
         self.pending.pop(rid, None)
+        if self.core.full is not None:  # a batch has left the queue: room, maybe, told with this answer
+            self.core.push_full_soon()
         if error is None:
             self.channel.send_item("done", (rid, True, scored_value(scored)))
         else:
@@ -156,6 +167,8 @@ class CoreServer:
         self._server: asyncio.AbstractServer | None = None
         self._pusher: asyncio.Task | None = None
         self._last: dict | None = None
+        self.full: tuple | None = None  # the admission refusal last pushed (dump_error), None: room
+        self._full_soon = False
         self._ids = 0
         self.front_samples = FrontSamples()
         # SIGTERM: the fronts' probes say not ready while the requests they hold still reach the engine
@@ -210,11 +223,42 @@ class CoreServer:
             for link in list(self.links):
                 link.channel.send(("state", 0, snap))
 
+    def push_full(self) -> None:
+        """Tell every front when admission fills up or has room again (a changed Retry-After too)."""
+        refusal = self.engine.refusal()
+        if refusal is None:
+            if self.full is None:
+                return
+            full = None
+        else:
+            if self.full is not None and self.full[2] == refusal.__dict__:
+                return
+            full = dump_error(refusal)
+        self.full = full
+        for link in list(self.links):
+            link.channel.send(("full", 0, full))
+
+    def push_full_soon(self) -> None:
+        """push_full at the end of this turn of the event loop, once however often asked."""
+        if not self._full_soon:
+            self._full_soon = True
+            asyncio.get_running_loop().call_soon(self._push_full_now)
+
+    def _push_full_now(self) -> None:
+        self._full_soon = False
+        self.push_full()
+
     async def _push_changes(self) -> None:
+        waited = 0.0
         while True:
             with contextlib.suppress(Exception):
-                self.push()
-            await asyncio.sleep(STATE_EVERY_S)
+                self.push_full()
+                if waited >= STATE_EVERY_S or self.full is None:
+                    self.push()
+                    waited = 0.0
+            pause = FULL_EVERY_S if self.full is not None else STATE_EVERY_S
+            await asyncio.sleep(pause)
+            waited += pause
 
     # --- requests -------------------------------------------------------------------------------
     async def score(self, a: dict) -> tuple:

@@ -200,6 +200,10 @@ class Engine(TextSide, FrameSide):
         """A scoring request's refusal while admission is full, before its body is read (microseconds)."""
         return self.models.refuse_early()
 
+    def refusal(self) -> Overloaded | None:
+        """What refuse_early would answer now, counting nothing (the engine core tells its fronts)."""
+        return self.models.refusal()
+
     def _admit(self, slot: Slot, pairs: int, priority: int) -> None:
         try:
             slot.batcher.check_admission(pairs, priority=priority)  # refuse before spending work

@@ -209,10 +209,17 @@ class Models:
             await m.current.batcher.stop()
         await asyncio.gather(*(asyncio.to_thread(m.current.worker.stop) for m in self._served))
 
-    def refuse_early(self) -> Overloaded | None:
-        """Before a request's model is known: refused only when every model's queue is full."""
+    def refusal(self) -> Overloaded | None:
+        """Why no scoring request could be admitted now, whatever its model: every model's queue is full
+        (None: one has room). Counts nothing."""
         refusals = [m.current.batcher.refusal() for m in self._served]
         if (first := refusals[0]) is None or None in refusals:
+            return None
+        return first
+
+    def refuse_early(self) -> Overloaded | None:
+        """Before a request's model is known: refused only when every model's queue is full."""
+        if (first := self.refusal()) is None:
             return None
         self.metrics.rejected.labels("overloaded").inc()
         self.metrics.admission_refused.labels(self.default.name, first.reason).inc()

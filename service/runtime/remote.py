@@ -64,6 +64,7 @@ class RemoteEngine(TextSide):
         self._waiting: dict[int, asyncio.Future] = {}
         self._ids = 0
         self._draining = False
+        self._full: tuple | None = None  # the core's admission refusal (dump_error) while every queue is full
         self._tokenizers: dict[tuple[str, int], PairTokenizer] = {}
         self._infos: dict[str, tuple[int, ModelInfo]] = {}  # name -> (generation, info with its tokenizer)
         self._tok_pool = ThreadPoolExecutor(1, thread_name_prefix="qtrel-tokenize")
@@ -81,6 +82,7 @@ class RemoteEngine(TextSide):
         return None
 
     def _lost(self) -> None:
+        self._full = None
         self.state = {"ready": [False, "engine core gone"], "live": [False, "engine core gone"], "models": []}
         for f in self._waiting.values():
             if not f.done():
@@ -110,7 +112,17 @@ class RemoteEngine(TextSide):
         self._tok_pool.shutdown(wait=False, cancel_futures=True)
 
     def refuse_early(self) -> Overloaded | None:
-        return None  # admission is the core's: a full server answers 429 once the request reaches it
+        """While the core says every queue is full (its "full" frame), a scoring request is refused before
+        its body is read or tokenised, as one process refuses it; counted here as the core counts its own."""
+        if self._full is None:
+            return None
+        refusal = load_error(self._full, ERRORS)
+        if not isinstance(refusal, Overloaded):
+            return None
+        models = self.state["models"]
+        self.metrics.rejected.labels("overloaded").inc()
+        self.metrics.admission_refused.labels(models[0]["name"] if models else "", refusal.reason).inc()
+        return refusal
 
     # --- frames ---------------------------------------------------------------------------------
     def _on_frame(self, frame: tuple) -> None:
@@ -140,6 +152,8 @@ class RemoteEngine(TextSide):
                     self._tokenizer_of(m["name"], ready=False)
                 except Exception as e:  # not loaded yet, or a tokenizer that fails: the requests will say
                     log.debug("tokenizer of %s not loaded: %s", m["name"], e)
+        elif op == "full":
+            self._full = frame[2]
         elif op == "collect":
             assert self.channel is not None
             self.channel.send(("collected", rid, samples(self.metrics.registry)))

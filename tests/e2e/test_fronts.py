@@ -206,6 +206,42 @@ def descendants(pid: int) -> set[int]:
     return out
 
 
+def test_a_full_server_is_refused_at_every_front_before_the_body_is_read(tiny_checkpoint, tmp_path):
+    """The core tells the fronts when every queue is full: a front answers 429 with Retry-After without
+    reading the body (not JSON at all here: parsed, it would be a 400), and serves again once there is room."""
+    port = free_port()
+    with open(tmp_path / "server.log", "w") as log:
+        # A batch waits up to 1.5 s to fill, so 4 admitted pairs hold the queue (max_queue_pairs=4) full.
+        extra = ("--max-queue-pairs", "4", "--max-pairs-per-request", "4", "--max-wait-ms", "1500")
+        proc = serve(["--model", str(tiny_checkpoint)], port, log, *extra, "--max-batch-size", "64")
+    srv = Server(proc, port, None)
+    try:
+        wait_ready(srv.url, proc, timeout=120)
+
+        async def main():
+            async with httpx.AsyncClient(timeout=60) as client:
+                body = {"query": "q", "titles": ["t1", "t2", "t3", "t4"]}
+                held = asyncio.create_task(client.post(srv.url + "/score", json=body))
+                await asyncio.sleep(0.5)
+                refused = []
+                for _ in range(6):  # a connection each: both fronts answer some (SO_REUSEPORT)
+                    async with httpx.AsyncClient(timeout=10) as one:
+                        bad = b"{not json"
+                        headers = {"content-type": "application/json"}
+                        refused.append(await one.post(srv.url + "/v1/rerank", content=bad, headers=headers))
+                return await held, refused
+
+        held, refused = asyncio.run(main())
+        assert held.status_code == 200
+        assert [r.status_code for r in refused] == [429] * 6
+        assert all(r.json()["error_type"] == "overloaded" and int(r.headers["retry-after"]) >= 1 for r in refused)
+        assert srv.metric('qtrel_rejected_total{reason="overloaded"}') == 6  # counted where refused, summed
+        assert srv.post("/score", {"query": "q", "titles": ["t"]}, key=None).status_code == 200
+    finally:
+        proc.terminate()
+        proc.wait(60)
+
+
 def test_sigterm_drains_every_front_and_loses_nothing(tiny_checkpoint, tmp_path):
     port = free_port()
     with open(tmp_path / "server.log", "w") as log:

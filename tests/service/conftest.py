@@ -13,6 +13,7 @@ import pytest
 import uvicorn
 
 from service.app import Lifecycle, create_app
+from service.coalesce import TurnHttpProtocol
 from service.settings import Settings
 
 
@@ -29,7 +30,13 @@ class LiveServer:
         self.app = create_app(settings, self.lifecycle, **app_options)  # app_options: create_app's, e.g. tracing
         self.url = f"http://127.0.0.1:{settings.port}"
         config = uvicorn.Config(
-            self.app, host="127.0.0.1", port=settings.port, log_config=None, access_log=False, lifespan="on"
+            self.app,
+            host="127.0.0.1",
+            port=settings.port,
+            log_config=None,
+            access_log=False,
+            lifespan="on",
+            http=TurnHttpProtocol,  # as service.server runs it
         )
         self.server = uvicorn.Server(config)
         self.thread = threading.Thread(target=self.server.run, daemon=True)

@@ -361,6 +361,10 @@ def test_health_info_metrics(server):
     assert r.status_code == 405 and r.json()["error_type"] == "method_not_allowed"
     r = httpx.post(server.url + "/score", json={"query": "q", "titles": ["t"]}, headers={"X-Request-Id": "abc123"})
     assert r.headers["x-request-id"] == "abc123"
+    made = {
+        httpx.post(server.url + "/score", json={"query": "q", "titles": ["t"]}).headers["x-request-id"] for _ in "ab"
+    }
+    assert len(made) == 2 and all(len(rid) == 32 and int(rid, 16) >= 0 for rid in made)  # 128 random bits, hex
     assert httpx.get(server.url + "/openapi.json").status_code == 200
     text = httpx.get(server.url + "/metrics").text
     for name in (

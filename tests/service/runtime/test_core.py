@@ -100,6 +100,33 @@ def test_a_full_queue_is_a_429_and_a_hung_up_request_lets_go_of_its_pairs(tmp_pa
     assert linked(tmp_path, tiny_checkpoint, body, max_queue_pairs=4, max_pairs_per_request=4, max_wait_ms=1)
 
 
+def test_a_front_refuses_early_while_the_core_says_every_queue_is_full(tmp_path, tiny_checkpoint):
+    """The core pushes its admission refusal on a change; the front refuses from it before any body is read,
+    counts it as one process would, and lets requests through again once the queue has room."""
+
+    async def until(cond) -> bool:
+        for _ in range(300):
+            if cond():
+                return True
+            await asyncio.sleep(0.01)
+        return False
+
+    async def body(engine, remote):
+        assert remote.refuse_early() is None
+        engine.batcher._slots._value = 0  # every model process busy: what is submitted stays queued
+        held = asyncio.ensure_future(remote.score(["q"] * 4, [f"title {i}" for i in range(4)], use_cache=False))
+        assert await until(lambda: remote.refuse_early() is not None)
+        refusal = remote.refuse_early()
+        assert isinstance(refusal, Overloaded) and refusal.reason == "pairs" and refusal.retry_after >= 1
+        assert remote.metrics.registry.get_sample_value("qtrel_rejected_total", {"reason": "overloaded"}) == 2
+        engine.batcher._slots.release()  # the model process free again: wakes the batcher waiting on it
+        assert len((await held).outputs) == 4
+        assert await until(lambda: remote.refuse_early() is None)  # room again: told within FULL_EVERY_S
+        return True
+
+    assert linked(tmp_path, tiny_checkpoint, body, max_queue_pairs=4, max_pairs_per_request=4, max_wait_ms=1)
+
+
 def test_the_front_s_trace_and_request_id_reach_the_core(tmp_path, tiny_checkpoint):
     pytest.importorskip("opentelemetry.sdk", reason="the otel extra is not installed")
     from opentelemetry.sdk.trace import TracerProvider
