@@ -39,7 +39,7 @@ def kill_group(proc) -> None:
     proc.wait(timeout=30)
 
 
-@pytest.mark.parametrize("suffix,fronts", [(".csv", 1), (".parquet", 1), (".csv", 2)])
+@pytest.mark.parametrize("suffix,fronts", [(".parquet", 1), (".csv", 2)])  # both formats, both layouts
 def test_sigkill_mid_job_then_restart_completes_with_identical_output(tiny_checkpoint, tmp_path, suffix, fronts):
     src = write_input(tmp_path / f"pairs{suffix}", make_pairs(6000, long_every=3))
     reference = qtrel_score(tiny_checkpoint, src, tmp_path / f"reference{suffix}", "--chunk-rows", "250")
