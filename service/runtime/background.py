@@ -79,8 +79,8 @@ class Background:
                 log.error("%s; the live model processes run the jobs' batches", self.error)
                 await asyncio.to_thread(worker.stop)
                 raise NotReady(self.error)
-            log.info("job model processes up at %s priority (pids %s)", self.priority, worker.pids)
             self.worker = worker
+            log.info("job model processes up at %s priority (pids %s)", self.priority, worker.pids)
             self.on_count(worker.size)
             return worker
 
