@@ -220,6 +220,8 @@ def with_job(srv: Serve, src: Path, pairs: list, a: argparse.Namespace, rate: fl
         while (job := c.get(f"/v1/jobs/{job['id']}").json())["status"] not in FINISHED:
             time.sleep(0.1)
         c.delete(f"/v1/jobs/{job['id']}")
+        while (c.get("/info").json().get("job_processes") or {}).get("running"):  # no job left: they end
+            time.sleep(0.1)  # before the next phase, whose server CPU would lose theirs
     return got
 
 
