@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable, Sequence
+from typing import Any
 
 from model.levels import PairScore
 from service.runtime.workers.backend import Backend, BackendError, Encoded, LoadSpec, NotReady, State
@@ -58,6 +59,11 @@ class Background:
         """One batch on a job process (started first if none runs); raises NotReady if they cannot start."""
         worker = self.worker if self.worker is not None else await self._start()
         return await worker.run(batch)
+
+    async def job(self, name: str, *args: Any, **kwargs: Any) -> Any:
+        """A named job (runner.JOBS) on a job process, e.g. a chunk's tokenising; raises as Worker.job."""
+        worker = self.worker if self.worker is not None else await self._start()
+        return await worker.job(name, *args, **kwargs)
 
     async def _start(self) -> Worker:
         async with self._lock:

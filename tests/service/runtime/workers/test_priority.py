@@ -83,3 +83,45 @@ def test_auto_keeps_shared_under_a_cpu_quota(monkeypatch):
     monkeypatch.setattr(layout, "cgroup_cpu_limit", lambda: seen - 0.5)
     mode, why = resolve_job_processes(Settings(), cpu)
     assert mode == "shared" and "CPU quota" in why
+
+
+@pytest.mark.skipif(not hasattr(os, "SCHED_IDLE"), reason="SCHED_IDLE is Linux's")
+def test_an_idle_worker_tokenises_as_the_server_and_its_watchdog_still_kills_a_stopped_process(tiny_checkpoint):
+    """A job process (idle priority, as service.runtime.background starts them): its "encode" job gives the
+    server tokenizer's very ids, and a process that is stopped (not waiting for a CPU) is still killed by the
+    watchdog, replaced at idle priority, and its batch retried."""
+    import asyncio
+    import signal
+    from pathlib import Path
+
+    from model.tokenizer import PairTokenizer
+    from service.runtime.background import idle_backend
+    from service.runtime.workers.worker import Worker
+
+    w = Worker(LoadSpec(str(tiny_checkpoint), warmup=False), batch_timeout_s=1.0, backend=idle_backend)
+    queries, titles = ["cordless drill", "garden hose"], ["DEWALT 20V drill " * 40, "50 ft hose"]
+
+    async def main():
+        w.start()
+        await w.wait_ready()
+        assert w.info is not None and w.info.details["priority"] == priority.SCHED_IDLE
+        first = w.pids[0]
+        assert os.sched_getscheduler(first) == os.SCHED_IDLE
+        got = await w.job("encode", queries, titles, truncation="only_second")
+        tok = PairTokenizer.from_dir(Path(tiny_checkpoint), max_length=w.info.max_length)
+        assert got == tok.encode(queries, titles)
+        batch = list(zip(got.input_ids, got.token_type_ids, strict=True))
+        want = [o.probs for o in await w.run(batch)]
+        os.kill(first, signal.SIGSTOP)
+        try:
+            outs = await asyncio.wait_for(w.run(batch), 60)
+        finally:
+            if first in w.pids:
+                os.kill(first, signal.SIGKILL)
+        assert [o.probs for o in outs] == want and w.pids[0] != first
+        assert os.sched_getscheduler(w.pids[0]) == os.SCHED_IDLE
+
+    try:
+        asyncio.run(main())
+    finally:
+        w.stop()
