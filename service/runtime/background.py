@@ -93,10 +93,10 @@ class Background:
     async def stop(self) -> None:
         """No job is left: end the processes (a new job starts them again, and retries after a failed start)."""
         async with self._lock:
-            worker, self.worker, self.error = self.worker, None, None
-            if worker is not None:
+            if (worker := self.worker) is not None:  # a batch sent meanwhile is refused (NotReady) and sent again
                 await asyncio.to_thread(worker.stop)
                 self.on_count(0)
+            self.worker, self.error = None, None
 
     @property
     def priority(self) -> str | None:

@@ -79,16 +79,17 @@ def test_job_processes_run_at_idle_priority_only_while_a_job_runs(server, tiny_c
 
 
 def test_a_killed_job_process_is_replaced_and_the_job_completes(server, tiny_checkpoint, tmp_path):
-    src = write_input(tmp_path / "pairs.csv", make_pairs(3000, long_every=3))
+    src = write_input(tmp_path / "pairs.csv", make_pairs(6000, long_every=3))  # still running once replaced
     died = server.metric("qtrel_worker_restarts_total", model="tiny-bert", reason="died")
     with httpx.Client(base_url=server.url, timeout=60) as c:
         job_id = submit(c, src)
         first = job_pids(c)
         os.kill(first[0], signal.SIGKILL)
         deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:  # replaced: a new pid at idle priority beside the other
-            pids = c.get("/info").json()["job_processes"]["pids"]
-            if len(pids) == 2 and first[0] not in pids:
+        while time.monotonic() < deadline:  # replaced: a new one, ready, at idle priority, beside the other
+            described = c.get("/info").json()["job_processes"]
+            pids = described["pids"]
+            if len(pids) == 2 and first[0] not in pids and described["replica_states"] == ["ready", "ready"]:
                 break
             time.sleep(0.02)
         assert first[1] in pids and first[0] not in pids, pids
