@@ -11,14 +11,21 @@ so that neither the cache nor duplicate folding nor single flight saves any work
       a share of `qtrel score`'s pairs/s, so that the live traffic leaves capacity to fill), without and with
       a job of --job-pairs (100k) running, in rounds whose order alternates: p50 and p99 (targets: within
       1.15x and 1.3x of the run without the job) and the job's share of the capacity they leave (target >=
-      80%), in model-process seconds from the server's qtrel_inference_seconds (every forward, live or job):
-          left  = model processes x seconds - live forward seconds (the run without the job, per request,
-                  times the requests served with it)
+      80%). With the job's own model processes (job_processes idle, the default on cpu) in CPU seconds, since
+      an idle-priority forward's wall time counts the time live work kept it waiting:
+          left  = cores x seconds - live CPU seconds (server and clients in the run without the job, per
+                  request, times the requests served with it)
+          share = CPU seconds of the job's model processes / left
+      On the live processes (--job-processes shared) in model-process seconds from the server's
+      qtrel_inference_seconds (every forward, live or job), as before:
+          left  = model processes x seconds - live forward seconds (without the job, per request, x requests)
           share = (forward seconds with the job - live forward seconds) / left
-  Each phase reports the CPU seconds of the clients (this process) and of the server (every process of it).
+  Each phase reports the CPU seconds of the clients (this process), of the server (every process of it) and of
+  the job's model processes; `extra_cpu_share` (both modes) is all the CPU spent beyond the live traffic's / left.
 
   python bench/jobs.py                  # the full measurement: < 8 min on 2 vCPUs (Zen 4, builtin:default)
   python bench/jobs.py --job-chunk-rows 500   # the live phase with a gentler job (batches of ~1024 tokens)
+  python bench/jobs.py --job-processes shared # job batches on the live model processes (before: 3.2x live p50)
   python bench/jobs.py --quick          # a tiny random checkpoint, seconds per phase (tests/bench)
 """
 
@@ -43,7 +50,7 @@ from harness.clients import Http
 from harness.data import tiny_checkpoint
 from harness.machine import isa, isa_line
 from harness.publish import DEV
-from harness.server import cpu_seconds, free_port, metrics_of
+from harness.server import cpu_seconds, free_port, metrics_of, own_cpu_seconds
 
 FINISHED = ("completed", "failed", "cancelled")
 DEV_CSV = DEV
@@ -74,11 +81,11 @@ def write_csv(path: Path, pairs: list[tuple[str, str]]) -> Path:
 
 # --- the server ---------------------------------------------------------------------------------
 class Serve:
-    def __init__(self, model: str, work: Path, http_workers: str | None):
+    def __init__(self, model: str, work: Path, http_workers: str | None, job_processes: str):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         env = os.environ | {"QTREL_CACHE_MB": "0", "QTREL_INFERENCE": "torch", "QTREL_JOBS_DIR": str(work / "jobs")}
-        env |= {"QTREL_JOB_MIN_FREE_BYTES": "0", "QTREL_LOG_LEVEL": "warning"}
+        env |= {"QTREL_JOB_MIN_FREE_BYTES": "0", "QTREL_LOG_LEVEL": "warning", "QTREL_JOB_PROCESSES": job_processes}
         cmd = [sys.executable, "-m", "service.cli", "serve", "--model", model, "--host", "127.0.0.1"]
         cmd += ["--port", str(self.port)] + (["--http-workers", http_workers] if http_workers else [])
         log = (work / "server.log").open("w")
@@ -99,6 +106,11 @@ class Serve:
 
     def cpu(self) -> float:
         return cpu_seconds(self.proc.pid)
+
+    def job_cpu(self) -> dict[int, float]:
+        """CPU seconds of each of the job's own model processes now up (none with job_processes shared)."""
+        pids = (httpx.get(self.url + "/info", timeout=30).json().get("job_processes") or {}).get("pids", [])
+        return {pid: own_cpu_seconds(pid) for pid in pids}
 
     def forward_seconds(self) -> float:
         return metrics_of(httpx.get(self.url + "/metrics", timeout=30).text).get("qtrel_inference_seconds_sum", 0.0)
@@ -176,9 +188,10 @@ async def live(url: str, pairs: list[tuple[str, str]], clients: int, rate: float
 
 
 def phase(srv: Serve, pairs: list, a: argparse.Namespace, rate: float) -> dict:
-    f0, s0, c0, t0 = srv.forward_seconds(), srv.cpu(), time.process_time(), time.monotonic()
+    f0, j0, s0, c0, t0 = srv.forward_seconds(), srv.job_cpu(), srv.cpu(), time.process_time(), time.monotonic()
     lat = asyncio.run(live(srv.url, pairs, a.clients, rate, a.seconds))
     wall = time.monotonic() - t0
+    j1 = srv.job_cpu()  # processes started meanwhile count from 0
     lat.sort()
     return {
         "requests": len(lat),
@@ -189,6 +202,8 @@ def phase(srv: Serve, pairs: list, a: argparse.Namespace, rate: float) -> dict:
         "forward_s": srv.forward_seconds() - f0,
         "client_cpu_s": round(time.process_time() - c0, 1),
         "server_cpu_s": round(srv.cpu() - s0, 1),
+        "job_processes_cpu_s": round(sum(cpu - j0.get(pid, 0.0) for pid, cpu in j1.items()), 1),
+        "job_processes": len(j1),
     }
 
 
@@ -205,6 +220,8 @@ def with_job(srv: Serve, src: Path, pairs: list, a: argparse.Namespace, rate: fl
         while (job := c.get(f"/v1/jobs/{job['id']}").json())["status"] not in FINISHED:
             time.sleep(0.1)
         c.delete(f"/v1/jobs/{job['id']}")
+        while (c.get("/info").json().get("job_processes") or {}).get("running"):  # no job left: they end
+            time.sleep(0.1)  # before the next phase, whose server CPU would lose theirs
     return got
 
 
@@ -213,9 +230,16 @@ def share(alone: dict, beside: dict, processes: int) -> dict:
     live_s = live_per_request * beside["requests"]
     left = processes * beside["wall_s"] - live_s
     job_s = beside["forward_s"] - live_s
+    cores = len(os.sched_getaffinity(0))
+    live_cpu = (alone["server_cpu_s"] + alone["client_cpu_s"]) / max(alone["requests"], 1) * beside["requests"]
+    cpu_left = max(cores * beside["wall_s"] - live_cpu, 1e-9)
+    spent = beside["server_cpu_s"] + beside["client_cpu_s"] - live_cpu
+    own = beside["job_processes"] > 0  # the job's own model processes: their CPU (their wall time counts waits)
     return {
         "live_busy": round(alone["forward_s"] / (processes * alone["wall_s"]), 3),
-        "job_share_of_left": round(job_s / max(left, 1e-9), 3),
+        "live_cpu_busy": round(live_cpu / (cores * beside["wall_s"]), 3),
+        "job_share_of_left": round(beside["job_processes_cpu_s"] / cpu_left if own else job_s / max(left, 1e-9), 3),
+        "extra_cpu_share": round(spent / cpu_left, 3),
         "p50_ratio": round(beside["p50_ms"] / alone["p50_ms"], 3),
         "p99_ratio": round(beside["p99_ms"] / alone["p99_ms"], 3),
     }
@@ -228,13 +252,14 @@ def main() -> int:
     p.add_argument("--job-pairs", type=int, default=100_000, help="the job that runs beside live traffic")
     p.add_argument("--job-chunk-rows", type=int, default=20000, help="the live phase's job: chunk_rows (its batches)")
     p.add_argument("--compare-pairs", type=int, default=30_000, help="the file of (a): qtrel score and the job")
-    p.add_argument("--compare-rounds", type=int, default=2)
+    p.add_argument("--compare-rounds", type=int, default=2, help="0: none (give --live-rate)")
     p.add_argument("--seconds", type=float, default=20, help="each live phase")
     p.add_argument("--rounds", type=int, default=2, help="live rounds (each: without and with a job)")
     p.add_argument("--clients", type=int, default=64)
     p.add_argument("--live-rate", type=float, default=None, help="requests/s of all clients (default: --live-load)")
     p.add_argument("--live-load", type=float, default=0.3, help="the default live rate, x qtrel score's pairs/s")
     p.add_argument("--http-workers", default=None, help="qtrel serve --http-workers (default: its auto)")
+    p.add_argument("--job-processes", default="auto", choices=["auto", "idle", "shared"], help="QTREL_JOB_PROCESSES")
     p.add_argument("--out", type=Path, default=None, help="write the results as JSON here too")
     p.add_argument("--quick", action="store_true")
     a = p.parse_args()
@@ -249,10 +274,11 @@ def main() -> int:
     i = isa()
     results: dict = {"machine": isa_line(i), "command": " ".join(sys.argv), "compare": [], "live": []}
     print(results["machine"], "| load average", Path("/proc/loadavg").read_text().split()[:3], flush=True)
-    srv = Serve(a.model, work, a.http_workers)
+    srv = Serve(a.model, work, a.http_workers, a.job_processes)
     try:
         dtype, processes = srv.info["dtype"], model_processes(srv.info)
         results["server"] = {"dtype": dtype, "model_processes": processes, "fronts": srv.info.get("fronts")}
+        results["server"]["job_processes"] = srv.info.get("job_processes")
         ref = work / "ref.csv"
         for r in range(a.compare_rounds):
             order = ["score", "job"] if r % 2 == 0 else ["job", "score"]
@@ -266,8 +292,9 @@ def main() -> int:
             row["job_vs_score"] = round(row["job"]["pairs_per_s"] / row["qtrel_score"]["pairs_per_s"], 3)
             results["compare"].append(row)
             print(json.dumps(row), flush=True)
-        score_rate = statistics.median(r["qtrel_score"]["pairs_per_s"] for r in results["compare"])
-        rate = a.live_rate or a.live_load * score_rate
+        rate = a.live_rate or a.live_load * statistics.median(
+            r["qtrel_score"]["pairs_per_s"] for r in results["compare"]
+        )
         results["live_rate"] = round(rate, 1)
         offset = 0
         for r in range(a.rounds):
@@ -282,10 +309,13 @@ def main() -> int:
     finally:
         srv.stop()
     results["summary"] = {
-        "job_vs_score": statistics.median(r["job_vs_score"] for r in results["compare"]),
+        "job_vs_score": statistics.median(r["job_vs_score"] for r in results["compare"])
+        if results["compare"]
+        else None,
         "identical_output": all(r["identical_output"] for r in results["compare"]),
         **{
-            k: statistics.median(r[k] for r in results["live"]) for k in ("p50_ratio", "p99_ratio", "job_share_of_left")
+            k: statistics.median(r[k] for r in results["live"])
+            for k in ("p50_ratio", "p99_ratio", "job_share_of_left", "extra_cpu_share")
         },
         "load_average_after": Path("/proc/loadavg").read_text().split()[:3],
         "wall_s": round(time.monotonic() - t_start, 1),

@@ -186,6 +186,12 @@ class Metrics:
         self._depths: dict[int, Sequence[int]] = {}  # per batcher (observer): its pairs queued per class
 
         self.jobs = Gauge("qtrel_jobs", "Score jobs (/v1/jobs) on disk, by state", ["state"], registry=r)
+        self.job_processes = Gauge(
+            "qtrel_job_processes",
+            "Score jobs' own model processes running (idle priority), by model",
+            ["model"],
+            registry=r,
+        )
         self.job_pairs = Counter("qtrel_job_pairs", "Pairs scored by score jobs (rows written with scores)", registry=r)
         self.job_queue_pairs = Gauge(
             "qtrel_job_queue_pairs", "Pairs of queued and running score jobs not yet scored", registry=r

@@ -254,6 +254,14 @@ class Settings(BaseSettings):
         description="free bytes the jobs directory keeps: a job whose input and output would leave less is refused "
         "(507), and a running one that meets a full disk fails with the reason",
     )
+    job_processes: Literal["auto", "idle", "shared"] = Field(
+        "auto",
+        description="where score jobs' batches run: idle = model processes of their own, as many as the live ones, "
+        "at the OS's idle priority (SCHED_IDLE; nice 19 where there is none), started while a job runs: live work "
+        "takes a CPU from them at once; shared = the live model processes, while no live batch holds them (a live "
+        "request may wait behind a job batch). auto = idle with the process worker on cpu, unless a CPU quota is "
+        "below the cores the server sees (idle work spends the quota too)",
+    )
     job_keep_s: float = Field(
         7 * 86400.0,
         ge=0,

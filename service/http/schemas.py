@@ -298,6 +298,7 @@ class Info(BaseModel):
     state: str
     model: dict = {}  # what the model says of itself: level rule and cut points, kernels
     worker: dict  # effective layout: mode, model processes (replicas), torch threads each, restarts, pids
+    job_processes: dict | None = None  # where score jobs' batches run (idle: their own processes); None: jobs off
     cache: dict = {}  # the pair-score cache: on or off, its bound, bytes and entries held, the model generation
     models: list[dict] = []  # every served model as GET /v1/models lists it, with its share of the cores
     shadow: dict | None = None  # the shadow model and its sampling, when one is set

@@ -30,6 +30,7 @@ from service.jobs.scoring import Cancelled, EngineScorer, Stopped
 from service.jobs.store import JobStore
 from service.metrics import Metrics
 from service.runtime.engine import Engine, NotReady
+from service.runtime.whole import stop_job_processes
 from service.runtime.workers.worker import ModelInfo
 from service.settings import Settings
 
@@ -82,6 +83,7 @@ class JobRunner:
             job = min((j for j in self.jobs.values() if j.status == "queued"), key=lambda j: j.id, default=None)
             if job is None:
                 self._wake.clear()
+                await stop_job_processes(self.engine)  # their memory back while no job runs
                 await self._wake.wait()
                 continue
             try:

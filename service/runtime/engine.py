@@ -160,6 +160,7 @@ class Engine(TextSide, FrameSide):
             "state": self.readiness()[1],
             "model": m.details if m else {},
             "worker": self.worker.describe(),
+            "job_processes": self.models.job_processes(self.models.default),
             "cache": self.cache.describe() | {"generation": self.generation, "in_flight": len(self.flights)},
             "models": self.listing(),
             "shadow": self.models.shadow.describe() if self.models.shadow is not None else None,

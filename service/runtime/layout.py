@@ -117,6 +117,28 @@ def resolve_layout(settings: Settings, device: str, cores: int | None = None) ->
     return (replicas or max(1, cores // threads)), threads
 
 
+def resolve_job_processes(settings: Settings, runtime: Runtime) -> tuple[str, str]:
+    """Where score jobs' batches run, and why: "idle" (model processes of their own at the OS's idle priority,
+    service.runtime.background) or "shared" (the live model processes, while free). Idle needs model processes
+    on cpu; `auto` also keeps shared under a CPU quota below the cores this process sees (a Kubernetes limit):
+    idle work spends the quota too, on cores the live processes do not use, and once it is spent the kernel
+    throttles every process of the container, the live ones with it."""
+    if settings.job_processes == "shared":
+        return "shared", "set"
+    if runtime.worker != "process" or runtime.device != "cpu":
+        return "shared", f"the {runtime.worker} worker on {runtime.device}"
+    if settings.job_processes == "idle":
+        return "idle", "set"
+    try:
+        seen = len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        seen = os.cpu_count() or 1
+    limit = cgroup_cpu_limit()
+    if limit is not None and limit < seen:
+        return "shared", f"auto: a CPU quota of {limit:g} cores, below the {seen} cores seen"
+    return "idle", "auto"
+
+
 def resolve_http_workers(settings: Settings) -> tuple[int, str]:
     """The front processes to run, and why. `auto`: on a GPU the model needs few host cores, so half the
     cores serve HTTP; on a CPU the model processes need the cores, and a second front only pays where

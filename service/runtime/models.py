@@ -18,8 +18,15 @@ from pathlib import Path
 
 from model.builtin import resolve_model
 from service.metrics import Metrics
+from service.runtime.background import Background
 from service.runtime.batcher import Batcher, Overloaded
-from service.runtime.layout import memory_available, package_version, resolve_runtime, usable_cores
+from service.runtime.layout import (
+    memory_available,
+    package_version,
+    resolve_job_processes,
+    resolve_runtime,
+    usable_cores,
+)
 from service.runtime.pace import Pace
 from service.runtime.shadow import Shadow
 from service.runtime.slot import ModelNotFound, ReloadBusy, ReloadFailed, Served, Slot
@@ -69,7 +76,7 @@ class Models:
         if settings.shadow:  # one model process of one thread, beside the served models' shares
             entry = parse_entry(settings.shadow)
             assert entry.name is not None  # the settings' validator holds it
-            slot = self.build(entry.name, entry.path, 1, cores=1, queue=settings.shadow_queue_pairs)
+            slot = self.build(entry.name, entry.path, 1, cores=1, queue=settings.shadow_queue_pairs, jobs=False)
             self.shadow = Shadow(
                 entry.name, slot, settings.shadow_rate, settings.shadow_queue_pairs, self.default, metrics
             )
@@ -82,9 +89,11 @@ class Models:
         cores: int | None = None,
         queue: int | None = None,
         warm: bool = True,
+        jobs: bool = True,
     ) -> Slot:
         """A new copy of model `name` from `path` (started by the caller), observed under its name; `warm`
-        False skips the warm-up (an in-place reload, whose pause it would lengthen)."""
+        False skips the warm-up (an in-place reload, whose pause it would lengthen); `jobs`: with score jobs'
+        own processes where jobs are on and `job_processes` resolves to idle (not the shadow's)."""
         observer = self.metrics.for_model(name)
         s = self.settings
         runtime = resolve_runtime(s, cores or self.cores_each, model=path)
@@ -110,7 +119,11 @@ class Models:
             max_queue_wait_s=s.max_queue_wait_ms / 1000,
             max_batch_s=s.max_batch_ms / 1000,
         )
-        return Slot(runtime, worker, batcher, generation)
+        background = None
+        if jobs and s.jobs_dir is not None and resolve_job_processes(s, runtime)[0] == "idle":
+            gauge = self.metrics.job_processes.labels(name)
+            background = Background(worker, observer, s.batch_timeout_s, on_count=gauge.set)
+        return Slot(runtime, worker, batcher, generation, background)
 
     # --- lookup -------------------------------------------------------------------------------
     def __iter__(self):
@@ -158,6 +171,8 @@ class Models:
             w = m.current.worker
             if loops := w.crash_loops():
                 return False, f"crash loop: model process {loops} restarted too often"
+            if (bg := m.current.background) is not None and (loops := bg.crash_loops()):
+                return False, f"crash loop: job model process {loops} restarted too often"
             if not w.alive():
                 return False, w.state.value
         return True, self.default.current.worker.state.value
@@ -207,7 +222,7 @@ class Models:
         await asyncio.gather(*(t for m in self._served for t in m.retiring))  # old copies finish retiring
         for m in self._served:
             await m.current.batcher.stop()
-        await asyncio.gather(*(asyncio.to_thread(m.current.worker.stop) for m in self._served))
+        await asyncio.gather(*(m.current.stop_processes() for m in self._served))
 
     def refusal(self) -> Overloaded | None:
         """Why no scoring request could be admitted now, whatever its model: every model's queue is full
@@ -305,7 +320,16 @@ class Models:
             "default": m is self.default,
             "layout": {"cores": self.cores_each, "replicas": rt.replicas, "threads": rt.threads},
             "last_reload": m.last_reload,
+            "job_processes": self.job_processes(m),
         }
+
+    def job_processes(self, m: Served) -> dict | None:
+        """Where the model's score jobs' batches run (/info); None while jobs are off."""
+        if self.settings.jobs_dir is None:
+            return None
+        mode, why = resolve_job_processes(self.settings, m.current.runtime)
+        bg = m.current.background
+        return (bg.describe() if bg is not None else {"mode": mode}) | {"why": why}
 
     def fits_beside(self, served: Served) -> bool:
         """Whether a second copy of the model fits in memory now: twice the serving copy's resident size

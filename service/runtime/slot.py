@@ -20,6 +20,7 @@ import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 
+from service.runtime.background import Background
 from service.runtime.batcher import Batcher
 from service.runtime.layout import Runtime
 from service.runtime.workers.backend import BackendError, NotReady, State
@@ -50,12 +51,14 @@ class ReloadBusy(BackendError):
 
 @dataclass(eq=False)
 class Slot:
-    """One loaded copy of a model: its runtime, processes (worker) and queue (batcher)."""
+    """One loaded copy of a model: its runtime, processes (worker) and queue (batcher), and score jobs' own
+    processes (`background`: None where jobs' batches run on the live processes)."""
 
     runtime: Runtime
     worker: Worker
     batcher: Batcher
     generation: int
+    background: Background | None = None
     users: int = 0  # requests holding this slot: retired only once they are done
     draining: bool = False
     loaded_at: float = field(default_factory=time.time)
@@ -79,6 +82,11 @@ class Slot:
                 "retiring generation %d: %d pairs outstanding at the timeout", self.generation, self.batcher.outstanding
             )
         await self.batcher.stop()
+        await self.stop_processes()
+
+    async def stop_processes(self) -> None:
+        if self.background is not None:
+            await self.background.stop()
         await asyncio.to_thread(self.worker.stop)
 
 

@@ -1,12 +1,15 @@
 """Score jobs' way to the model processes, beside the engine's queue: a batch forwarded whole, as the job
 formed it (`qtrel score`'s very batches, whose bits a job's output must match: the queue would form its own),
-and the load a job paces itself by. The engine's readiness and reload rules hold (`require_ready`, `hold`)."""
+on the model's job processes where it has them (service.runtime.background: idle priority), else on a live
+one; and the load a job paces itself by. The engine's readiness and reload rules hold (`require_ready`,
+`hold`)."""
 
 from __future__ import annotations
 
 import time
 
 from model.levels import PairScore
+from service.runtime.background import Background
 from service.runtime.batching import HIGH, LOW
 from service.runtime.engine import Engine, InferenceFailed
 
@@ -18,14 +21,28 @@ def backlog(engine: Engine, model: str | None = None) -> tuple[int, int, int]:
     return batcher.queued(HIGH) + batcher.queued(LOW), batcher.running, batcher.concurrency
 
 
+def job_processes(engine: Engine, model: str | None = None) -> Background | None:
+    """The model's job processes, if its jobs' batches go there now (None: to the live processes)."""
+    bg = engine.models.get(model).current.background
+    return bg if bg is not None and bg.usable else None
+
+
+async def stop_job_processes(engine: Engine) -> None:
+    """No job is left: every model's job processes end (the next job starts them again)."""
+    for served in engine.models:
+        if (bg := served.current.background) is not None:
+            await bg.stop()
+
+
 async def forward_whole(
     engine: Engine, batch: list[tuple[list[int], list[int]]], model: str | None = None
 ) -> list[PairScore]:
-    """One batch of (input_ids, token_type_ids) forwarded whole on one of the model's processes; raises as
-    `Engine.score` does (NotReady, InferenceFailed...)."""
+    """One batch of (input_ids, token_type_ids) forwarded whole on one of the model's job processes, or live
+    processes; raises as `Engine.score` does (NotReady, InferenceFailed...)."""
     served = engine.require_ready(model)
     async with served.hold(time.monotonic() + engine.settings.request_timeout_ms / 1000) as slot:
-        out = await slot.worker.run(batch)
+        bg = slot.background
+        out = await (bg.run(batch) if bg is not None and bg.usable else slot.worker.run(batch))
     errors = [o for o in out if isinstance(o, Exception)]
     if errors:
         raise InferenceFailed(f"inference failed: {errors[0]}") from errors[0]

@@ -132,6 +132,7 @@ class InFlight:
     kind: str  # "Forward" or "Job:<name>"
     since: float
     pid: int
+    waited: float | None = None  # an idle-priority process's wait for a CPU so far, when it took the job
 
 
 @dataclass(frozen=True)
@@ -222,6 +223,10 @@ class Backend(ABC):
     def in_flight(self) -> InFlight | None:
         """The job a model process holds now (for the watchdog); None on a backend that cannot be killed."""
         return None
+
+    def held_s(self, held: InFlight, now: float) -> float:
+        """Seconds the process has held `held` by `now` (monotonic), as the watchdog counts them."""
+        return now - held.since
 
     def kill(self, reason: str, expected: InFlight) -> bool:
         """Kill the model process if it still holds `expected`; the job then fails with ProcessDied."""

@@ -299,17 +299,14 @@ class Worker:
             for r in self._replicas:
                 backend = r.backend
                 held = backend.in_flight() if backend is not None else None
-                if (
-                    held is not None
-                    and now - held.since > limit
-                    and backend is not None
-                    and backend.kill("timeout", held)
-                ):
+                if held is None or backend is None or (seconds := backend.held_s(held, now)) <= limit:
+                    continue
+                if backend.kill("timeout", held):
                     log.error(
                         "model process %d (pid %d) held %s for %.1fs, over batch_timeout_s=%gs: killed",
                         r.index,
                         held.pid,
                         held.kind,
-                        now - held.since,
+                        seconds,
                         limit,
                     )
