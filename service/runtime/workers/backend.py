@@ -29,6 +29,7 @@ if TYPE_CHECKING:  # the model lives in the model processes
     from model.relevance import RelevanceModel
 
 Encoded = tuple[list[int], list[int]]  # (input_ids, token_type_ids) of one pair
+Done = Callable[[Any, BaseException | None], None]  # (value, error) of an exchange the event loop drove
 
 # Where the server hands the fork server the LoadSpec to load as its template (JSON): set by backend_process,
 # read by template, which the server never imports
@@ -228,6 +229,13 @@ class Backend(ABC):
     def in_flight(self) -> InFlight | None:
         """The job a model process holds now (for the watchdog); None on a backend that cannot be killed."""
         return None
+
+    # A backend whose exchange the event loop can drive itself (`start_on_loop`), without its replica's thread.
+    loop_driven = False
+
+    def start_on_loop(self, loop: Any, message: Forward | Job, done: Done) -> None:
+        """Send `message` and return; `done(value, error)` is called on `loop` once the reply is read."""
+        raise NotImplementedError
 
     def kill(self, reason: str, expected: InFlight) -> bool:
         """Kill the model process if it still holds `expected`; the job then fails with ProcessDied."""

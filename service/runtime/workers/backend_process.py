@@ -33,6 +33,7 @@ from service.runtime.workers.backend import (
     Answer,
     Backend,
     BatchScores,
+    Done,
     Encoded,
     Error,
     Failed,
@@ -226,6 +227,50 @@ class ProcessBackend(Backend):
             with self._lock:
                 self._in_flight = None
         return raise_for(reply)
+
+    loop_driven = True
+
+    def start_on_loop(self, loop: Any, message: Forward | Job, done: Done) -> None:
+        """`_call` driven by the event loop: send, then read the reply (the model process writes it whole) when
+        the pipe turns readable. No thread to wake and none to wake the loop: per batch this halves what
+        the hand-off costs the server process. The watchdog sees it in flight as any job."""
+        conn, proc = self._conn, self._proc
+        kind = "Forward" if isinstance(message, Forward) else f"Job:{message.name}"
+        with self._lock:
+            self._in_flight = InFlight(kind, time.monotonic(), proc.pid)
+        try:
+            conn.send(message)
+        except Exception as e:
+            with self._lock:
+                self._in_flight = None
+            gone = isinstance(e, (EOFError, OSError))
+            loop.call_soon(done, None, ProcessDied(self._killed or "died", proc.exitcode) if gone else e)
+            return
+
+        def readable() -> None:
+            loop.remove_reader(fd)
+            value: Any = None
+            error: BaseException | None = None
+            try:
+                value = raise_for(conn.recv())
+            except (EOFError, OSError):
+                proc.join(0.1)  # its pipe closes as it exits: the exit code follows at once
+                error = ProcessDied(self._killed or "died", proc.exitcode)
+            except Exception as e:
+                error = e
+            finally:
+                with self._lock:
+                    self._in_flight = None
+            done(value, error)
+
+        fd = conn.fileno()
+        try:
+            loop.add_reader(fd, readable)
+        except Exception:  # sent, but its reply cannot be read: a replacement keeps the pipe in step
+            proc.kill()
+            with self._lock:
+                self._in_flight = None
+            loop.call_soon(done, None, ProcessDied("died", None))
 
     def health(self) -> Health:
         if self._proc is None:
