@@ -234,7 +234,8 @@ class Backend(ABC):
     loop_driven = False
 
     def start_on_loop(self, loop: Any, message: Forward | Job, done: Done) -> None:
-        """Send `message` and return; `done(value, error)` is called on `loop` once the reply is read."""
+        """Send `message` and return at once; `done(value, error)` is called on `loop` once the reply is read.
+        Never blocks the loop, whatever the model process does."""
         raise NotImplementedError
 
     def kill(self, reason: str, expected: InFlight) -> bool:
