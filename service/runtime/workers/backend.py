@@ -33,6 +33,7 @@ if TYPE_CHECKING:  # the model lives in the model processes
 Encoded = tuple[list[int], list[int]]  # (input_ids, token_type_ids) of one pair
 # A forwarded batch: its scores as numpy columns (model.levels.ScoredBatch), and the forward pass's seconds
 Forwarded = tuple[ScoredBatch["np.ndarray"], float]
+Done = Callable[[Any, BaseException | None], None]  # (value, error) of an exchange the event loop drove
 
 # Where the server hands the fork server the LoadSpec to load as its template (JSON): set by backend_process,
 # read by template, which the server never imports
@@ -227,6 +228,14 @@ class Backend(ABC):
     def held_s(self, held: InFlight, now: float) -> float:
         """Seconds the process has held `held` by `now` (monotonic), as the watchdog counts them."""
         return now - held.since
+
+    # A backend whose exchange the event loop can drive itself (`start_on_loop`), without its replica's thread.
+    loop_driven = False
+
+    def start_on_loop(self, loop: Any, message: Forward | Job, done: Done) -> None:
+        """Send `message` and return at once; `done(value, error)` is called on `loop` once the reply is read.
+        Never blocks the loop, whatever the model process does."""
+        raise NotImplementedError
 
     def kill(self, reason: str, expected: InFlight) -> bool:
         """Kill the model process if it still holds `expected`; the job then fails with ProcessDied."""

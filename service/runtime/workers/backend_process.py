@@ -21,6 +21,7 @@ import logging
 import multiprocessing as mp
 import os
 import signal
+import socket
 import sys
 import threading
 import time
@@ -33,6 +34,7 @@ from service.runtime.workers.backend import (
     TEMPLATE_ENV,
     Answer,
     Backend,
+    Done,
     Encoded,
     Error,
     Failed,
@@ -50,6 +52,7 @@ from service.runtime.workers.backend import (
     WarmUp,
     raise_for,
 )
+from service.runtime.workers.exchange import Exchange, OutOfStep
 
 TEMPLATE_MODULE = "service.runtime.workers.template"  # imported by the fork server, never by this process
 _start_lock = threading.Lock()  # the fork server's environment is os.environ while it starts
@@ -160,6 +163,7 @@ class ProcessBackend(Backend):
         self._lock = threading.Lock()  # guards the two fields below, read by the watchdog's thread
         self._in_flight: InFlight | None = None
         self._killed: str | None = None  # why this process was killed, if it was
+        self._sock: Any = None
 
     @property
     def pid(self) -> int | None:
@@ -187,6 +191,8 @@ class ProcessBackend(Backend):
         finally:
             child.close()  # so that the child's death reads as EOF here
         self._proc, self._conn = proc, parent
+        if self.loop_driven:  # the same socket, for the event loop's non-blocking calls (MSG_DONTWAIT)
+            self._sock = socket.fromfd(parent.fileno(), socket.AF_UNIX, socket.SOCK_STREAM)
         reply = self._await_start("loading")
         if not isinstance(reply, Loaded):
             raise LoadFailed(f"unexpected reply {type(reply).__name__} while loading")
@@ -226,6 +232,8 @@ class ProcessBackend(Backend):
         with self._lock:
             self._in_flight = InFlight(kind, time.monotonic(), pid, waited)
         try:
+            if self.loop_driven:  # uvloop's add_reader (libuv's uv_poll) leaves the pipe non-blocking
+                os.set_blocking(self._conn.fileno(), True)
             self._conn.send(message)  # an argument that does not pickle raises here: this job only
             reply = self._conn.recv()
         except (EOFError, OSError):
@@ -235,6 +243,42 @@ class ProcessBackend(Backend):
             with self._lock:
                 self._in_flight = None
         return raise_for(reply)
+
+    # The loop drives the pipe over a socket (exchange.py): multiprocessing's Pipe is a socket pair but on Windows.
+    loop_driven = sys.platform != "win32"
+
+    def start_on_loop(self, loop: Any, message: Forward | Job, done: Done) -> None:
+        """`_call` driven by the event loop, never blocking it (`exchange.Exchange`): no thread to wake and
+        none to wake the loop, which per batch halves what the hand-off costs the server process. The
+        watchdog sees it in flight as any job. A process that died is reported at once, its exit code if it
+        is known yet (the replica's thread joins it as it replaces it)."""
+        proc = self._proc
+        kind = "Forward" if isinstance(message, Forward) else f"Job:{message.name}"
+        waited = priority.cpu_wait_s(proc.pid) if self.idle else None
+        with self._lock:
+            self._in_flight = InFlight(kind, time.monotonic(), proc.pid, waited)
+
+        def finish(reply: Any, error: BaseException | None) -> None:
+            with self._lock:
+                self._in_flight = None
+            value: Any = None
+            if error is None:
+                try:
+                    value = raise_for(reply)
+                except Exception as e:
+                    error = e
+            elif isinstance(error, (EOFError, OSError)):
+                if isinstance(error, OutOfStep):  # a replacement, with a new pipe, serves on
+                    proc.kill()
+                error = ProcessDied(self._killed or "died", proc.exitcode)  # exitcode: never waits
+            done(value, error)
+
+        try:
+            Exchange(loop, self._sock, finish).start(message)
+        except Exception as e:  # a message that does not pickle: nothing was sent
+            with self._lock:
+                self._in_flight = None
+            loop.call_soon(done, None, e)
 
     def health(self) -> Health:
         if self._proc is None:
@@ -279,3 +323,5 @@ class ProcessBackend(Backend):
             proc.kill()
             proc.join(5)
         conn.close()
+        if self._sock is not None:
+            self._sock.close()

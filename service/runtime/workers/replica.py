@@ -17,6 +17,7 @@ from service.runtime.workers.backend import Backend, Forward, Job, LoadFailed, P
 log = logging.getLogger("qtrel.worker")
 
 ENDING = frozenset({State.STOPPING, State.STOPPED})
+CLOSE_WAIT_S = 10.0  # at stop, how long a batch the event loop drives may take to end
 
 
 @dataclass(frozen=True)
@@ -39,15 +40,16 @@ class RestartPolicy:
 
 
 class Replica:
-    """One backend and the thread that alone drives it: start it, serve jobs from the shared queue,
-    replace its process whenever it dies -- also while loading or warming up -- until stop. It reports to
-    its worker only through the callbacks it is given."""
+    """One backend and its thread: start it, serve jobs from the shared queue, replace its process whenever it
+    dies -- also while loading or warming up, or in a batch the event loop drove (`take`, `drive`) -- until
+    stop. Whoever drives the backend holds `hold`. It reports to its worker only through the callbacks it is
+    given."""
 
     def __init__(
         self,
         index: int,
         make_backend: Callable[[int], Backend],
-        jobs: queue.Queue,
+        jobs: queue.SimpleQueue,
         on_change: Callable[[], None],
         on_loaded: Callable[[dict], None],
         on_restart: Callable[[str], None],
@@ -66,6 +68,12 @@ class Replica:
         self._restarts: deque[float] = deque()  # monotonic times of the restarts within the window
         self._restarts_lock = threading.Lock()  # appended here, counted by health probes
         self._served = False  # READY at least once: a crash loop after that is not a failed start
+        # Whoever drives the backend holds this: this thread (a queued job, a restart, a health check) or the
+        # event loop (`drive`: a batch with no thread hop). The loop never waits for it: it queues the job instead.
+        self.hold = threading.Lock()
+        self.claiming = False  # this thread took a job and waits for `hold`
+        self.death: ProcessDied | None = None  # the loop saw the model process die: this thread replaces it
+        self._driver: Any = None  # the event loop that last drove the backend
 
     @property
     def state(self) -> State:
@@ -86,12 +94,58 @@ class Replica:
     def crash_looping(self) -> bool:
         return self.recent_restarts() >= self.policy.crash_loop
 
+    def take(self) -> bool:
+        """On the event loop: hold this replica for one `drive` if it is ready and free; never waits."""
+        b = self._backend
+        if self.machine.state != State.READY or self.death is not None or b is None or not b.loop_driven:
+            return False
+        if self.claiming or not self._jobs.empty():  # first in, first served: queued jobs go before
+            return False
+        if not self.hold.acquire(blocking=False):
+            return False
+        if self.machine.state != State.READY or self.death is not None:
+            self.hold.release()
+            return False
+        return True
+
+    def drive(self, loop: Any, message: Forward | Job) -> Any:
+        """On the event loop, after `take`: run `message` on this replica's process; a future of its value.
+        The exchange ends (and frees the replica) even if the awaiting task is cancelled."""
+        assert self._backend is not None
+        self._driver = loop
+        future = loop.create_future()
+
+        def done(value: Any, error: BaseException | None) -> None:
+            if isinstance(error, ProcessDied):
+                self.death = error  # before the release: no batch is sent to the dead process
+            self.hold.release()
+            if future.done():
+                return
+            if error is not None:
+                future.set_exception(error)
+            else:
+                future.set_result(value)
+
+        self._backend.start_on_loop(loop, message, done)
+        return future
+
     def request_stop(self) -> None:
         self.machine.advance(State.STOPPING)
 
     def close(self) -> None:
-        if self._backend is not None:
-            self._backend.close()
+        # A batch the event loop drives ends first, so that its reader leaves the loop before the pipe closes
+        # (a closed descriptor's stale reader would shadow a later one of the same number): unless that loop
+        # is gone or the batch outlasts CLOSE_WAIT_S.
+        end = time.monotonic() + CLOSE_WAIT_S
+        while not (held := self.hold.acquire(timeout=0.05)):
+            if self._driver is None or self._driver.is_closed() or time.monotonic() > end:
+                break
+        try:
+            if self._backend is not None:
+                self._backend.close()
+        finally:
+            if held:
+                self.hold.release()
         self.machine.advance(State.STOPPED)
 
     def _launch(self, first: bool) -> None:
@@ -109,6 +163,7 @@ class Replica:
         if not self.machine.advance(State.READY):
             return False  # stopping
         self.error = None
+        self.death = None
         self._served = True
         assert self._backend is not None
         log.info("model %d %s (pid %s)", self.index, "restarted" if restarted else "ready", self._backend.pid)
@@ -160,40 +215,60 @@ class Replica:
             return self._ready(restarted=True)
         return False
 
-    def _dead(self) -> str | None:
-        """Why the model process is dead, or None while it lives."""
+    def _dead(self) -> tuple[str, str] | None:
+        """Why the model process is dead (reason, detail), or None while it lives."""
         assert self._backend is not None
+        if (death := self.death) is not None:  # seen by the event loop, with the watchdog's reason if it killed
+            return death.reason, str(death)
         health = self._backend.health()
-        return None if health.alive else health.detail
+        return None if health.alive else ("died", health.detail)
 
     def _main(self) -> None:
-        if not self._start():
-            return
+        with self.hold:
+            if not self._start():
+                return
         while not self.machine.ending:
             try:
-                item = self._jobs.get(timeout=0.5)
+                item = self._jobs.get(timeout=0.5 if self.death is None else 0.01)
             except queue.Empty:  # idle: notice a dead model process before a request does
-                if (why := self._dead()) and not self._restart("died", why):
-                    return
+                if not self.hold.acquire(blocking=False):
+                    continue  # the loop drives it
+                try:
+                    if (why := self._dead()) and not self._restart(*why):
+                        return
+                finally:
+                    self.hold.release()
                 continue
             if item is None:
                 self._jobs.put(None)  # the other replicas stop too
                 return
-            if why := self._dead():
-                self._jobs.put(item)  # another replica may serve it while this one restarts
-                if not self._restart("died", why):
+            self.claiming = True
+            while not self.hold.acquire(timeout=0.1):
+                if self.machine.ending:
+                    self._jobs.put(item)  # failed by the worker's stop
                     return
-                continue
-            if not item.future.set_running_or_notify_cancel():
-                continue
+            self.claiming = False
             try:
-                item.future.set_result(self._execute(item.message))
-            except ProcessDied as e:
-                item.future.set_exception(e)
-                if not self._restart(e.reason, str(e)):
+                if not self._serve(item):
                     return
-            except Exception as e:  # this job only
-                item.future.set_exception(e)
+            finally:
+                self.hold.release()
+
+    def _serve(self, item: Any) -> bool:
+        """Run one queued job (with `hold`); False if stop began while its process was replaced."""
+        if why := self._dead():
+            self._jobs.put(item)  # another replica may serve it while this one restarts
+            return self._restart(*why)
+        if not item.taken():
+            return True
+        try:
+            item.settle(self._execute(item.message))
+        except ProcessDied as e:
+            item.settle(error=e)
+            return self._restart(e.reason, str(e))
+        except Exception as e:  # this job only
+            item.settle(error=e)
+        return True
 
     def _execute(self, message: Forward | Job) -> Any:
         assert self._backend is not None

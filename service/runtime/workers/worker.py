@@ -1,9 +1,10 @@
 """The worker: the one owner of the model instances.
 
-It runs `replicas` backends (`service.runtime.workers.backend`), each driven by one replica thread that takes the next
-job from one shared queue when its model is free, so a model is never used by two callers at once. The
-event loop hands jobs over with `run` (a batch) and `job` (a named extra job, e.g. "explain") and only
-awaits. State lives in one place per part: each replica's `StateMachine`, and the worker's, which
+It runs `replicas` backends (`service.runtime.workers.backend`), each held by one caller at a time. A batch
+(`run`) for a free model process is sent and its reply read by the event loop itself, with no thread to wake
+(`Replica.drive`); a named extra job (`job`, e.g. "explain"), a thread-mode model's batch and a batch that
+finds every process busy or restarting go to one shared queue, which each replica's thread serves when its
+model is free. State lives in one place per part: each replica's `StateMachine`, and the worker's, which
 summarises them (loading, warming, ready, restarting, failed, stopping, stopped): ready while one
 replica is.
 
@@ -19,7 +20,6 @@ that cannot be loaded at start fails the worker.
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures as cf
 import logging
 import queue
 import threading
@@ -53,10 +53,33 @@ __all__ = ["ModelInfo", "RestartPolicy", "Worker", "WorkerObserver"]
 log = logging.getLogger("qtrel.worker")
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class Pending:
+    """A job and the event loop's future it settles: the replica thread hands the outcome back with one
+    `call_soon_threadsafe` (no concurrent.futures.Future, whose Condition and callbacks cost the loop more)."""
+
     message: Forward | Job
-    future: cf.Future
+    future: asyncio.Future
+    loop: asyncio.AbstractEventLoop
+
+    def taken(self) -> bool:
+        """False if the awaiting task has gone (cancelled): the job is skipped."""
+        return not self.future.done()
+
+    def settle(self, value: Any = None, error: BaseException | None = None) -> None:
+        try:
+            self.loop.call_soon_threadsafe(_settle, self.future, value, error)
+        except RuntimeError:  # the loop is closed: nobody waits
+            pass
+
+
+def _settle(future: asyncio.Future, value: Any, error: BaseException | None) -> None:
+    if future.done():  # cancelled meanwhile
+        return
+    if error is not None:
+        future.set_exception(error)
+    else:
+        future.set_result(value)
 
 
 class Worker:
@@ -85,7 +108,8 @@ class Worker:
         self.info: ModelInfo | None = None
         self.restarts = 0
         self._obs: WorkerObserver = observer or NoObserver()
-        self._jobs: queue.Queue[Pending | None] = queue.Queue()
+        # SimpleQueue: its put wakes a waiting replica without a Condition (a fifth of the hand-off's cost)
+        self._jobs: queue.SimpleQueue[Pending | None] = queue.SimpleQueue()
         self._lock = threading.RLock()  # the summary state, info, restarts; submitting against failing
         self._machine = StateMachine(on_change=self._changed)
 
@@ -170,14 +194,26 @@ class Worker:
         self._machine.advance(State.STOPPED)
 
     # --- jobs ---------------------------------------------------------------------------------
-    def _submit(self, message: Forward | Job) -> cf.Future:
+    def _submit(self, message: Forward | Job) -> asyncio.Future:
         # Jobs are taken while a crashed model process restarts: they wait for a live one.
+        loop = asyncio.get_running_loop()
+        fut = loop.create_future()
         with self._lock:
             if self.state not in (State.READY, State.RESTARTING):
                 raise NotReady(self.state.value)
-            fut: cf.Future = cf.Future()
-            self._jobs.put(Pending(message, fut))
+            self._jobs.put(Pending(message, fut, loop))
         return fut
+
+    def _forward(self, message: Forward) -> asyncio.Future:
+        """A free model process's exchange driven by the loop itself; else the job queued for a replica thread
+        (a thread-mode model, every process busy or restarting)."""
+        with self._lock:
+            if self.state not in (State.READY, State.RESTARTING):
+                raise NotReady(self.state.value)
+        for r in self._replicas:
+            if r.take():
+                return r.drive(asyncio.get_running_loop(), message)
+        return self._submit(message)
 
     async def run(self, batch: Sequence[Encoded]) -> list[PairScore | BackendError]:
         """Forward one batch on a model: one entry per pair, its scores, or the error of a pair that failed
@@ -188,7 +224,7 @@ class Worker:
     async def _isolating(self, batch: list[Encoded], retry: bool) -> list[PairScore | BackendError]:
         failure: ProcessDied | ModelError
         try:
-            scores, seconds = await asyncio.wrap_future(self._submit(Forward(batch)))
+            scores, seconds = await self._forward(Forward(batch))
         except ProcessDied as e:
             if retry:
                 self._obs.batch_retried()
@@ -216,7 +252,7 @@ class Worker:
     async def job(self, name: str, *args: Any, **kwargs: Any) -> Any:
         """The named job `name` (service.runtime.workers.runner.JOBS) run on a model between batches; arguments
         and result must pickle."""
-        return await asyncio.wrap_future(self._submit(Job(name, args, kwargs)))
+        return await self._submit(Job(name, args, kwargs))
 
     # --- the replicas' callbacks and the watchdog ---------------------------------------------
     def _summary(self) -> State:
@@ -253,8 +289,8 @@ class Worker:
             if item is None:
                 self._jobs.put(None)
                 return
-            if item.future.set_running_or_notify_cancel():
-                item.future.set_exception(NotReady(why))
+            if item.taken():
+                item.settle(error=NotReady(why))
 
     @property
     def start_spec(self) -> LoadSpec:

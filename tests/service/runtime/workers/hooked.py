@@ -5,9 +5,14 @@ fork server or spawned takes them by reference); everything else is the producti
 
 from __future__ import annotations
 
+import dataclasses
 import os
+import signal
+import threading
 import time
 from functools import partial
+
+import numpy as np
 
 from service.runtime.workers.backend import Error, Forward, Job, LoadSpec, Reply, Result
 from service.runtime.workers.backend_process import ProcessBackend
@@ -50,6 +55,68 @@ class FailNext:
             raise RuntimeError(self.message)
 
 
+PADDING = 1_000_000  # floats added to a pair's logits in `big_reply_stopped_midway`'s reply: ~4 MB pickled
+
+
+def once(flag: str) -> bool:
+    """True in the one model process that takes the file `flag` away: a fault that strikes once, not on the
+    retry of its batch in the replacement process."""
+    try:
+        os.remove(flag)
+    except FileNotFoundError:
+        return False
+    return True
+
+
+def big_reply_stopped_midway(model, batch, flag: str):
+    """A fault, once: the batch's scores in a reply far larger than the pipe's buffer (each pair's logits
+    padded by PADDING zeros), and the model process stops itself (SIGSTOP) as soon as that reply has begun to
+    cross the pipe, half written."""
+    if not once(flag):
+        return None
+    from service.runtime.workers import runner
+
+    scores, seconds = runner.forward_batch(model, batch)
+    padding = np.zeros((len(scores), PADDING), dtype=scores.logits.dtype)
+    threading.Thread(target=_stop_once_writing, args=(_pipe_fd(),), daemon=True).start()
+    return Result((dataclasses.replace(scores, logits=np.concatenate([scores.logits, padding], axis=1)), seconds))
+
+
+def close_pipe_and_linger(model, batch, flag: str):
+    """A fault, once: the model process closes its end of the pipe, then takes a second to exit (the server
+    sees the end of the pipe long before the exit code)."""
+    if once(flag):
+        os.close(_pipe_fd())
+        time.sleep(1.0)
+        os._exit(3)
+
+
+def _pipe_fd() -> int:
+    """The model process's end of its pipe to the server: child_main's `conn`, up the stack of the fault."""
+    import sys
+
+    frame = sys._getframe()
+    while frame.f_code.co_name != "child_main":
+        assert frame.f_back is not None, "not called from child_main"
+        frame = frame.f_back
+    return frame.f_locals["conn"].fileno()
+
+
+def _stop_once_writing(fd: int) -> None:
+    import fcntl
+    import termios
+    from array import array
+
+    queued = array("i", [0])
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        fcntl.ioctl(fd, termios.TIOCOUTQ, queued)  # bytes written to the pipe and not read yet (SIOCOUTQ)
+        if queued[0] > 0:
+            os.kill(os.getpid(), signal.SIGSTOP)
+            return
+        time.sleep(0.0002)
+
+
 def template_state(model):
     """Whether this model process serves the fork server's template model, and its torch threads."""
     import torch
@@ -83,12 +150,13 @@ TEST_JOBS = {
 
 
 def answer(model, spec: LoadSpec, message: Forward | Job, fault=None) -> Reply:
-    """runner.handle, after `fault(model, batch)` before a forward, with TEST_JOBS beside runner.JOBS."""
+    """runner.handle, after `fault(model, batch)` before a forward (its reply instead, if it returns one),
+    with TEST_JOBS beside runner.JOBS."""
     from service.runtime.workers import runner  # torch: in the model process
 
     try:
-        if isinstance(message, Forward) and fault is not None:
-            fault(model, message.batch)
+        if isinstance(message, Forward) and fault is not None and (reply := fault(model, message.batch)) is not None:
+            return reply
         if isinstance(message, Job) and message.name in TEST_JOBS:
             return Result(TEST_JOBS[message.name](model, *message.args, **message.kwargs))
     except Exception as e:

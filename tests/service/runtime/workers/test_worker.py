@@ -169,6 +169,35 @@ def test_a_stopped_model_process_is_killed_by_the_watchdog_and_its_batch_retried
     assert w.describe()["batch_timeout_s"] == 1.0
 
 
+def test_a_cancelled_batch_still_frees_its_model_process_for_the_next(tiny_checkpoint):
+    """The event loop drives a free model process's batch itself: when the awaiting task is cancelled, the
+    exchange still ends (its reply read and dropped), so the next batch gets its own scores, from the same
+    process, with no restart."""
+    obs = Restarts()
+    w = Worker(LoadSpec(str(tiny_checkpoint), warmup=False), observer=obs)
+
+    async def main():
+        w.start()
+        await w.wait_ready()
+        pairs = three_pairs(w)
+        want = [o.probs for o in await w.run(pairs)]
+        first = w.pids[0]
+        os.kill(first, signal.SIGSTOP)  # so that the batch is surely in flight when it is cancelled
+        try:
+            held = asyncio.ensure_future(w.run(pairs[:1]))
+            await asyncio.sleep(0.3)
+            held.cancel()
+        finally:
+            os.kill(first, signal.SIGCONT)
+        outs = await asyncio.wait_for(w.run(pairs), 30)
+        assert [o.probs for o in outs] == want and w.pids == [first]
+        assert held.cancelled()
+
+    asyncio.run(main())
+    w.stop()
+    assert obs.reasons == [] and obs.retried == 0 and obs.failed == []
+
+
 def test_a_batch_whose_process_is_killed_is_retried_on_a_new_one(tiny_checkpoint):
     obs = Restarts()
     w = Worker(LoadSpec(str(tiny_checkpoint), warmup=False), observer=obs)  # no watchdog
