@@ -36,6 +36,10 @@ class ModelCard(BaseModel):
     default: bool = Field(description="answers requests that name no model")
     layout: dict = Field(description="its share of the cores: model processes x torch threads each")
     last_reload: dict = Field(description="the last reload's result, mode and seconds (empty before one)")
+    job_processes: dict | None = Field(
+        None,
+        description="where score jobs' batches run (idle: processes of their own at idle priority); null: jobs off",
+    )
 
 
 class ModelList(BaseModel):

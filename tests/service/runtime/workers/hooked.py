@@ -55,7 +55,8 @@ class FailNext:
             raise RuntimeError(self.message)
 
 
-PADDING = 1_000_000  # floats added to a pair's logits in `big_reply_stopped_midway`'s reply: ~4 MB pickled
+PADDING = 2_000_000  # float64s added to a pair's logits in `big_reply_stopped_midway`'s reply: ~16 MB pickled, so that
+# the process is stopped long before the loop could read it all (4 MB sometimes crossed whole first)
 
 
 def once(flag: str) -> bool:
@@ -77,7 +78,7 @@ def big_reply_stopped_midway(model, batch, flag: str):
     from service.runtime.workers import runner
 
     scores, seconds = runner.forward_batch(model, batch)
-    padding = np.zeros((len(scores), PADDING), dtype=scores.logits.dtype)
+    padding = np.zeros((len(scores), PADDING))
     threading.Thread(target=_stop_once_writing, args=(_pipe_fd(),), daemon=True).start()
     return Result((dataclasses.replace(scores, logits=np.concatenate([scores.logits, padding], axis=1)), seconds))
 
