@@ -23,7 +23,11 @@ def backlog(engine: Engine, model: str | None = None) -> tuple[int, int, int]:
 
 def job_processes(engine: Engine, model: str | None = None) -> Background | None:
     """The model's job processes, if its jobs' batches go there now (None: to the live processes)."""
-    bg = engine.models.get(model).current.background
+    return usable(engine.models.get(model).current.background)
+
+
+def usable(bg: Background | None) -> Background | None:
+    """`bg` if the job's batches may go there now (its processes started, or not yet tried)."""
     return bg if bg is not None and bg.usable else None
 
 
@@ -41,8 +45,8 @@ async def forward_whole(
     processes; raises as `Engine.score` does (NotReady, InferenceFailed...)."""
     served = engine.require_ready(model)
     async with served.hold(time.monotonic() + engine.settings.request_timeout_ms / 1000) as slot:
-        bg = slot.background
-        out = await (bg.run(batch) if bg is not None and bg.usable else slot.worker.run(batch))
+        bg = usable(slot.background)
+        out = await (bg.run(batch) if bg is not None else slot.worker.run(batch))
     errors = [o for o in out if isinstance(o, Exception)]
     if errors:
         raise InferenceFailed(f"inference failed: {errors[0]}") from errors[0]

@@ -87,7 +87,7 @@ def one_pair(w: Worker):
 
 
 def test_the_loop_serves_on_while_a_reply_is_half_written(tiny_checkpoint, tmp_path):
-    """The model process stops itself once its ~9 MB reply has begun to cross the pipe: the loop reads what
+    """The model process stops itself once its ~16 MB reply has begun to cross the pipe: the loop reads what
     has come and keeps serving; once the process resumes, the rest is read and the batch gets its scores."""
     flag = tmp_path / "fault"
     fault = partial(big_reply_stopped_midway, flag=str(flag))
