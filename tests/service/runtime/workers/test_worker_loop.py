@@ -115,8 +115,10 @@ def test_the_loop_serves_on_while_a_reply_is_half_written(tiny_checkpoint, tmp_p
         assert out.probs == want.probs and len(out.logits) == len(want.logits) + PADDING
         assert w.pids == [pid]
 
-    asyncio.run(main())
-    w.stop()
+    try:
+        asyncio.run(main())
+    finally:  # a failed assertion must not leave model processes for the interpreter's exit to wait on
+        w.stop()
     assert obs.reasons == [] and obs.retried == 0
 
 
@@ -146,8 +148,10 @@ def test_a_process_killed_mid_reply_is_replaced_and_its_batch_retried(tiny_check
         assert w.pids and first not in w.pids
         resumer.join(0)
 
-    asyncio.run(main())
-    w.stop()
+    try:
+        asyncio.run(main())
+    finally:  # a failed assertion must not leave model processes for the interpreter's exit to wait on
+        w.stop()
     assert obs.reasons == ["timeout"] and obs.retried == 1 and obs.failed == []
 
 
@@ -175,8 +179,10 @@ def test_a_large_batch_waits_for_a_stopped_process_without_blocking_the_loop(tin
         assert longest < 0.25, f"the event loop was held {longest:.3f}s"
         assert w.pids == [pid]
 
-    asyncio.run(main())
-    w.stop()
+    try:
+        asyncio.run(main())
+    finally:  # a failed assertion must not leave model processes for the interpreter's exit to wait on
+        w.stop()
     assert w.restarts == 0
 
 
@@ -201,8 +207,10 @@ def test_a_pipe_that_ends_before_its_process_exits_fails_the_batch_at_once(tiny_
         assert out.probs == want.probs and first not in w.pids
         assert longest < 0.08, f"the event loop was held {longest:.3f}s"  # joining the process held it 0.1 s
 
-    asyncio.run(main())
-    w.stop()
+    try:
+        asyncio.run(main())
+    finally:  # a failed assertion must not leave model processes for the interpreter's exit to wait on
+        w.stop()
     assert obs.reasons == ["died"] and obs.retried == 1 and obs.failed == []
 
 
@@ -221,6 +229,8 @@ def test_a_named_job_after_a_batch_the_loop_drove_under_uvloop(tiny_checkpoint):
             encoded = await w.job("encode", ["drill"], ["cordless drill"])  # on the replica's thread
             assert len(scored.probs) == 5 and len(encoded.input_ids) == 1
 
-    uvloop.run(main())
-    w.stop()
+    try:
+        uvloop.run(main())
+    finally:  # a failed assertion must not leave model processes for the interpreter's exit to wait on
+        w.stop()
     assert obs.reasons == [] and obs.retried == 0
