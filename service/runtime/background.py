@@ -84,7 +84,11 @@ class Background:
         if not self.usable:
             raise Interrupted("the model copy retired") if self._retired else DriverFailed(self.error or "")
         task = dataclasses.replace(task, workers=self.size)
-        driver = await asyncio.to_thread(DriverProcess, self.live.start_spec, task)
+        try:
+            driver = await asyncio.to_thread(DriverProcess, self.live.start_spec, task)
+        except Exception as e:  # e.g. no memory left to start a process
+            self.error = f"the job driver did not start: {type(e).__name__}: {e}"
+            raise DriverFailed(self.error) from e
         self.driver, self.started = driver, None
         self.on_count(1)
         pending: asyncio.Future | None = None

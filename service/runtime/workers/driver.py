@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from model.bulk.score import ScoreOptions
+from model.tokenizer import Truncation
 from service.runtime.workers import priority
 from service.runtime.workers.backend import LoadSpec
 
@@ -40,7 +41,7 @@ class Task:
     input: str
     output: str
     options: ScoreOptions
-    truncation: str
+    truncation: Truncation
     chunk_rows: int
     workers: int
 
@@ -117,7 +118,7 @@ def driver_main(conn: Any, spec: LoadSpec, task: Task) -> None:
             chunk_rows=task.chunk_rows,
             resume=True,
             progress=False,
-            truncation=task.truncation,  # type: ignore[arg-type]
+            truncation=task.truncation,
             on_chunk=written,
         )
     except Exception as e:
