@@ -17,6 +17,7 @@ from service.runtime.workers.priority import SCHED_IDLE, policy_of
 from tests.service.conftest import live_server
 from tests.service.http.test_jobs import make_pairs, qtrel_score, wait_finished, write_input
 
+ADMIN = "admin-secret"
 pytestmark = pytest.mark.skipif(not hasattr(os, "SCHED_IDLE"), reason="SCHED_IDLE is Linux's")
 
 
@@ -58,7 +59,9 @@ def sched_policy(pid: int) -> int:
 @pytest.fixture(scope="module")
 def server(tiny_checkpoint, tmp_path_factory):
     jobs = tmp_path_factory.mktemp("jobs")
-    with live_server(tiny_checkpoint, max_wait_ms=5, jobs_dir=jobs, job_min_free_bytes=0, replicas=2) as srv:
+    with live_server(
+        tiny_checkpoint, max_wait_ms=5, jobs_dir=jobs, job_min_free_bytes=0, replicas=2, admin_keys=ADMIN
+    ) as srv:
         yield srv
 
 
@@ -126,6 +129,32 @@ def test_cancel_kills_the_driver_and_removes_the_output(server, tmp_path):
         wait_gone(c, server, pids)
         folder = server.settings.jobs_dir / job_id
         assert not (folder / "output.jsonl").exists() and (folder / "input.jsonl").exists()
+
+
+def test_a_hot_reload_moves_the_job_to_the_new_copy_from_its_last_chunk(server, tiny_checkpoint, tmp_path):
+    src = write_input(tmp_path / "pairs.csv", make_pairs(30000, long_every=2))  # still running once reloaded
+    with httpx.Client(base_url=server.url, timeout=120) as c:
+        restarts = c.get("/info").json()["job_processes"]["restarts"]
+        generation = c.get("/v1/models").json()["data"][0]["generation"]
+        job_id = submit(c, src)
+        first = job_pids(c, rows=1000, job_id=job_id)
+        r = c.post("/admin/models/tiny-bert/reload", headers={"Authorization": f"Bearer {ADMIN}"})
+        assert r.status_code == 200, r.text
+        assert c.get("/v1/models").json()["data"][0]["generation"] == generation + 1
+        deadline = time.monotonic() + 30
+        while _alive(first[0]) and time.monotonic() < deadline:  # the retired copy takes its driver with it
+            time.sleep(0.02)
+        assert not _alive(first[0])
+        assert c.get(f"/v1/jobs/{job_id}").json()["status"] == "in_progress"
+        again = job_pids(c)
+        assert again != first and os.sched_getscheduler(again[0]) == os.SCHED_IDLE  # the new copy's driver
+        done = wait_finished(c, job_id)
+        assert done["status"] == "completed" and done["request_counts"]["completed"] == 30005, done
+        got = c.get(done["output"]["url"]).content
+        assert c.get("/info").json()["job_processes"]["restarts"] == restarts  # a move, not a death
+        wait_gone(c, server, again)
+    # the same checkpoint reloaded: every row once, the bytes of an uninterrupted run
+    assert got == qtrel_score(tiny_checkpoint, src, tmp_path / "ref.csv", "--chunk-rows", "250")
 
 
 def test_shared_runs_jobs_on_the_live_processes(tiny_checkpoint, tmp_path):
