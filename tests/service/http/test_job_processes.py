@@ -134,7 +134,7 @@ def test_cancel_kills_the_driver_and_removes_the_output(server, tmp_path):
 def test_a_hot_reload_moves_the_job_to_the_new_copy_from_its_last_chunk(server, tiny_checkpoint, tmp_path):
     src = write_input(tmp_path / "pairs.csv", make_pairs(30000, long_every=2))  # still running once reloaded
     with httpx.Client(base_url=server.url, timeout=120) as c:
-        restarts = c.get("/info").json()["job_processes"]["restarts"]
+        died = server.metric("qtrel_worker_restarts_total", model="tiny-bert", reason="died")
         generation = c.get("/v1/models").json()["data"][0]["generation"]
         job_id = submit(c, src)
         first = job_pids(c, rows=1000, job_id=job_id)
@@ -151,7 +151,8 @@ def test_a_hot_reload_moves_the_job_to_the_new_copy_from_its_last_chunk(server, 
         done = wait_finished(c, job_id)
         assert done["status"] == "completed" and done["request_counts"]["completed"] == 30005, done
         got = c.get(done["output"]["url"]).content
-        assert c.get("/info").json()["job_processes"]["restarts"] == restarts  # a move, not a death
+        assert c.get("/info").json()["job_processes"]["restarts"] == 0  # the new copy's: a move, not a death
+        assert server.metric("qtrel_worker_restarts_total", model="tiny-bert", reason="died") == died
         wait_gone(c, server, again)
     # the same checkpoint reloaded: every row once, the bytes of an uninterrupted run
     assert got == qtrel_score(tiny_checkpoint, src, tmp_path / "ref.csv", "--chunk-rows", "250")
