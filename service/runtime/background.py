@@ -108,7 +108,8 @@ class Background:
                         raise Interrupted("the model copy retired") from None
                     self.restarts += 1
                     self.observer.restarted("died")
-                    raise DriverDied(f"the job driver died (exit code {driver.join(5)})") from None
+                    code = await asyncio.to_thread(driver.join, 5)
+                    raise DriverDied(f"the job driver died (exit code {code})") from None
                 finally:
                     pending = None
                 if isinstance(message, Written):
