@@ -183,7 +183,9 @@ class JobRunner:
                     raise RuntimeError(f"{e}, {deaths} times in a row without writing a chunk") from None
                 log.warning("job %s: %s; it resumes from row %d", job.id, e, job.done)
                 await asyncio.sleep(RETRY_S)
-            except Interrupted:  # a reload: on the copy that serves now, from the last chunk written
+            except Interrupted:  # a reload: on the copy that serves next, from the last chunk written
+                while self.engine.models.get(job.model).current.background is bg and not self._stopping:
+                    await asyncio.sleep(RETRY_S)  # an in-place reload: the new copy is not in place yet
                 if await self._model_info(job) is None:
                     raise Stopped() from None
             except DriverFailed:
