@@ -95,7 +95,9 @@ def workers_for(current: ForwardWorkers | None, threads: int, workers: int = 0) 
 
 
 def run_batches(pool: ForwardWorkers | None, fn: Callable[[T], R], batches: Sequence[T]) -> list[R]:
-    """fn over batches: on the pool where there is one and more than one batch, else in the caller's thread."""
-    if pool is None or len(batches) < 2:
+    """fn over batches: on the pool where there is one, else in the caller's thread. A lone batch goes to the pool
+    too: on the caller's threads its float sums would split otherwise, and a file's bytes would depend on how
+    many batches a chunk of it made (`qtrel score` on N cores would differ from a scoring server's job)."""
+    if pool is None:
         return [fn(b) for b in batches]
     return pool.map(fn, batches)

@@ -44,7 +44,7 @@ from model.bulk.io import (
 from model.bulk.parquet import ParquetSink, ParquetSource
 from model.data import DataError
 from model.levels import MAX_BATCH_TOKENS, ScoredBatch
-from model.tokenizer import PairTokenizer
+from model.tokenizer import PairTokenizer, Truncation
 from model.windows import CHUNK_OVERLAP, best, split_pairs
 
 if TYPE_CHECKING:  # the scoring server runs score_rows without torch in its own process
@@ -122,11 +122,14 @@ class Scorer(Protocol):
     def __call__(self, pairs: Sequence[tuple[str, str] | None]) -> ScoredBatch[np.ndarray]: ...
 
 
-def model_forward(model: RelevanceModel, max_batch_tokens: int = MAX_BATCH_TOKENS) -> Forward:
+def model_forward(
+    model: RelevanceModel, max_batch_tokens: int = MAX_BATCH_TOKENS, truncation: Truncation = "only_second"
+) -> Forward:
     """`Forward` on a model loaded here: length-sorted batches of at most `max_batch_tokens` padded tokens."""
 
     def forward(todo: list[tuple[str, str]]) -> ScoredBatch[np.ndarray]:
-        return model.score(model.encoded_logits(model.encode(todo), max_batch_tokens)).map(lambda c: c.numpy())
+        enc = model.encode(todo, truncation)
+        return model.score(model.encoded_logits(enc, max_batch_tokens)).map(lambda c: c.numpy())
 
     return forward
 
@@ -232,11 +235,11 @@ class _Progress:
 class _LocalScorer:
     """`score_rows` on a model loaded here, with the options' batch budget and windows."""
 
-    def __init__(self, model: RelevanceModel, o: ScoreOptions):
+    def __init__(self, model: RelevanceModel, o: ScoreOptions, truncation: Truncation = "only_second"):
         self.model, self.o = model, o
         self.labels: Sequence[str] = model.labels
         self.forwarded = 0
-        self._forward = model_forward(model, o.max_batch_tokens)
+        self._forward = model_forward(model, o.max_batch_tokens, truncation)
 
     def __call__(self, pairs: Sequence[tuple[str, str] | None]) -> ScoredBatch[np.ndarray]:
         return score_rows(
@@ -258,13 +261,16 @@ def score_file(
     resume: bool = False,
     progress: bool = True,
     max_errors: int = 20,
+    truncation: Truncation = "only_second",
+    on_chunk: Callable[[int, int], None] | None = None,
 ) -> dict:
     """Score every query-title pair of INPUT into OUTPUT (same format); see the module doc. OUTPUT must not
     exist unless `resume` (go on from what it holds) or `overwrite`. Returns a summary: rows in OUTPUT,
-    rows scored and bad rows in this run, rows kept from before, seconds and pairs/s."""
+    rows scored and bad rows in this run, rows kept from before, seconds and pairs/s. `truncation` and
+    `on_chunk`: as a scoring server's job asks (service.runtime.workers.driver runs a job with this)."""
     o = options or ScoreOptions()
     return run_file(
-        _LocalScorer(model, o),
+        _LocalScorer(model, o, truncation),
         input,
         output,
         o,
@@ -272,6 +278,7 @@ def score_file(
         resume=resume,
         progress=progress,
         max_errors=max_errors,
+        on_chunk=on_chunk,
     )
 
 
@@ -285,10 +292,10 @@ def run_file(
     resume: bool = False,
     progress: bool = True,
     max_errors: int = 20,
-    on_chunk: Callable[[int], None] | None = None,
+    on_chunk: Callable[[int, int], None] | None = None,
 ) -> dict:
-    """`score_file` with any Scorer (a scoring server's: service.jobs); `on_chunk(rows)` after each chunk is
-    written and synced, with the rows OUTPUT then holds."""
+    """`score_file` with any Scorer (a scoring server's: service.jobs); `on_chunk(rows, bad)` after each chunk
+    is written and synced, with the rows OUTPUT then holds and the chunk's bad rows (written without scores)."""
     input, output = Path(input), Path(output)
     kind = format_of(input)
     if format_of(output) != kind:
@@ -320,7 +327,7 @@ def run_file(
                 raise _bad_rows(input, chunk, max_errors)
             sink.write(chunk, *score_columns(scorer(chunk.pairs), scorer.labels))
             if on_chunk is not None:
-                on_chunk(sink.rows_done)
+                on_chunk(sink.rows_done, len(chunk.problems))
             scored += len(chunk) - len(chunk.problems)
             bad += len(chunk.problems)
             if chunk.problems:

@@ -4,11 +4,12 @@ first, and on start resumes every unfinished job from the last chunk its output 
 (service.jobs.desk, in the HTTP processes) check and create jobs and tell it what changed (`wake`); once a
 job exists, its record is the runner's alone to rewrite.
 
-A job is `qtrel score` with the serving engine as its model: model.bulk's `run_file` reads the input in
-chunks and writes each chunk's rows, synced, with model.bulk's sinks (so the output is byte for byte what
-`qtrel score` writes with the same model and precision, and a restart cuts a torn chunk off and goes on);
-only the forward pass differs (service.jobs.scoring). File work runs on a thread, the engine's calls on the
-event loop.
+A job is `qtrel score` itself: where the model has a job driver (service.runtime.background, `job_processes`
+idle), a process at the OS's idle priority runs model.bulk's `score_file` on the job's files, and this runner
+only starts it, records each chunk it reports written and synced, and kills it to cancel or stop. Elsewhere
+(`shared`) `run_file` runs here on a thread with the live model processes as its forward pass
+(service.jobs.scoring), the engine's calls on the event loop. Either way the output is byte for byte what
+`qtrel score` writes with the same model and precision, and a restart cuts a torn chunk off and goes on.
 
 Self-contained (`start`, `stop`, `wake`) so that whoever owns the engine owns it: the app's lifespan in one
 process, service.core_main with fronts."""
@@ -29,14 +30,17 @@ from service.jobs.api import STATUSES, Job, Status
 from service.jobs.scoring import Cancelled, EngineScorer, Stopped
 from service.jobs.store import JobStore
 from service.metrics import Metrics
+from service.runtime.background import DriverDied, DriverFailed, Interrupted, JobBroke
 from service.runtime.engine import Engine, NotReady
-from service.runtime.whole import stop_job_processes
+from service.runtime.whole import job_processes, stop_job_processes
+from service.runtime.workers.driver import Task, Written
 from service.runtime.workers.worker import ModelInfo
 from service.settings import Settings
 
 log = logging.getLogger("qtrel.jobs")
 
 RETRY_S = 0.5  # while a job waits for its model to serve
+DRIVER_DEATHS = 3  # a job whose driver dies this often in a row without writing a chunk fails
 
 
 class JobRunner:
@@ -133,7 +137,30 @@ class JobRunner:
             return
         job.status, job.in_progress_at = "in_progress", job.in_progress_at or int(time.time())
         self._save(job)
-        scorer = EngineScorer(self.engine, job, info, asyncio.get_running_loop(), lambda: self._halt(job))
+        out = self.store.output(job)
+        try:
+            await self._score(job, info, out)
+        except Stopped:
+            log.info("job %s stops at row %d: it resumes at the next start", job.id, job.done)
+        except Cancelled:
+            self.store.drop_output(job)
+            self._end(job, "cancelled")
+        except Exception as e:
+            log.warning("job %s failed: %s", job.id, e)
+            self.store.drop_output(job)
+            broke = e.broke if isinstance(e, JobBroke) else None
+            text, code = (broke.message, broke.errno) if broke else (str(e) or type(e).__name__, _errno(e))
+            job.error = _reason(text, code, self.store.folder(job.id), job.filename)
+            self._end(job, "failed")
+        else:
+            job.output_bytes = out.stat().st_size
+            self._end(job, "completed")
+        finally:
+            self._cancel.discard(job.id)
+
+    async def _score(self, job: Job, info: ModelInfo, out: Path) -> None:
+        """The job in its model's driver (the serving process does none of its work); where the model has none,
+        or it could not load, run_file here with the live processes as its forward pass (service.jobs.scoring)."""
         o = job.options
         options = ScoreOptions(
             query_column=o.query_column,
@@ -143,34 +170,38 @@ class JobRunner:
             max_chunks=o.max_chunks,
             chunk_overlap=CHUNK_OVERLAP if o.chunk_overlap is None else o.chunk_overlap,
         )
-        out = self.store.output(job)
-        try:
-            await asyncio.to_thread(
-                run_file,
-                scorer,
-                self.store.input(job),
-                out,
-                options,
-                chunk_rows=o.chunk_rows,
-                resume=True,
-                progress=False,
-                on_chunk=lambda rows: self._chunk_done(job, scorer, rows),
-            )
-        except Stopped:
-            log.info("job %s stops at row %d: it resumes at the next start", job.id, job.done)
-        except Cancelled:
-            self.store.drop_output(job)
-            self._end(job, "cancelled")
-        except Exception as e:
-            log.warning("job %s failed: %s", job.id, e)
-            self.store.drop_output(job)
-            job.error = _reason(e, self.store.folder(job.id), job.filename)
-            self._end(job, "failed")
-        else:
-            job.output_bytes = out.stat().st_size
-            self._end(job, "completed")
-        finally:
-            self._cancel.discard(job.id)
+        task = Task(str(self.store.input(job)), str(out), options, o.truncation, o.chunk_rows, workers=0)
+        deaths = 0  # in a row, without a chunk written
+        while (bg := job_processes(self.engine, job.model)) is not None:
+            before = job.done
+            try:
+                await bg.drive(task, lambda w: self._written(job, w), lambda: self._halt(job))
+                return
+            except DriverDied as e:
+                deaths = 1 if job.done > before else deaths + 1
+                if deaths >= DRIVER_DEATHS:
+                    raise RuntimeError(f"{e}, {deaths} times in a row without writing a chunk") from None
+                log.warning("job %s: %s; it resumes from row %d", job.id, e, job.done)
+                await asyncio.sleep(RETRY_S)
+            except Interrupted:  # a reload: on the copy that serves next, from the last chunk written
+                while self.engine.models.get(job.model).current.background is bg and not self._stopping:
+                    await asyncio.sleep(RETRY_S)  # an in-place reload: the new copy is not in place yet
+                if await self._model_info(job) is None:
+                    raise Stopped() from None
+            except DriverFailed:
+                break
+        scorer = EngineScorer(self.engine, job, info, asyncio.get_running_loop(), lambda: self._halt(job))
+        await asyncio.to_thread(
+            run_file,
+            scorer,
+            self.store.input(job),
+            out,
+            options,
+            chunk_rows=o.chunk_rows,
+            resume=True,
+            progress=False,
+            on_chunk=lambda rows, bad: self._chunk_done(job, rows, bad, scorer.rate),
+        )
 
     async def _model_info(self, job: Job) -> ModelInfo | None:
         """The job's model once it serves (it may be loading after a restart); None when stopping."""
@@ -190,13 +221,16 @@ class JobRunner:
     def _halt(self, job: Job) -> Exception | None:
         return Stopped() if self._stopping else Cancelled() if job.id in self._cancel else None
 
-    def _chunk_done(self, job: Job, scorer: EngineScorer, rows: int) -> None:
-        """On run_file's thread, after a chunk is written and synced: the record follows."""
+    async def _written(self, job: Job, w: Written) -> None:
+        """The driver wrote and synced a chunk: the record follows (saved off the event loop)."""
+        await asyncio.to_thread(self._chunk_done, job, w.rows, w.bad, w.run_rows / max(w.run_s, 1e-9))
+
+    def _chunk_done(self, job: Job, rows: int, bad: int, rate: float) -> None:
+        """After a chunk is written and synced (on a thread): the record follows."""
         added = max(rows - job.done, 0)
-        job.bad += scorer.bad
-        self.metrics.job_pairs.inc(max(added - scorer.bad, 0))
-        job.done, scorer.bad = rows, 0
-        job.pairs_per_s = scorer.rate
+        job.bad += bad
+        self.metrics.job_pairs.inc(max(added - bad, 0))
+        job.done, job.pairs_per_s = rows, rate
         if rows >= job.total and job.status == "in_progress":
             job.status, job.finalizing_at = "finalizing", int(time.time())
         self._save(job)
@@ -236,9 +270,12 @@ class JobRunner:
         self._gauges()
 
 
-def _reason(e: Exception, folder: Path, name: str) -> str:
+def _errno(e: Exception) -> int | None:
+    return e.errno if isinstance(e, OSError) else None
+
+
+def _reason(text: str, errno: int | None, folder: Path, name: str) -> str:
     """Why a job failed, in the client's terms: its file by its own name, never the server's paths."""
-    if isinstance(e, OSError) and e.errno == 28:
+    if errno == 28:
         return "the jobs directory is full (no space left on the device)"
-    text = str(e) or type(e).__name__
     return text.replace(str(folder / "input"), name).replace(str(folder) + os.sep, "")

@@ -1,16 +1,15 @@
-"""A job's forward pass through the serving engine: model.bulk's Scorer whose distinct pairs are tokenised and
-grouped into `qtrel score`'s very batches (model.batches.bulk_batches: a float sum depends, by a last bit, on
-the batch it ran in, so these make its bytes), each forwarded whole (`forward_batch`, the one place job pairs
-reach a model; service.runtime.whole). Live traffic goes first. On the model's job processes (idle priority,
-service.runtime.background) the OS sees to it: a job keeps each of them one batch busy, and any live work
-takes a CPU from them at once. On the live processes (`job_processes=shared`) the job paces itself: it sends a
-batch only while no interactive pair waits for a batch, to a model process that no live batch and no other
-job batch holds; a live request that comes meanwhile waits at most for one batch, a live one or the job's."""
+"""A job's forward pass through the serving engine's live model processes (`job_processes=shared`, or where
+the model's job driver could not load: service.runtime.background runs a job whole otherwise): model.bulk's
+Scorer whose distinct pairs are tokenised and grouped into `qtrel score`'s very batches
+(model.batches.bulk_batches: a float sum depends, by a last bit, on the batch it ran in, so these make its
+bytes), each forwarded whole (`forward_batch`, service.runtime.whole). Live traffic goes first: the job paces
+itself, sending a batch only while no interactive pair waits for a batch, to a model process that no live
+batch and no other job batch holds; a live request that comes meanwhile waits at most for one batch, a live
+one or the job's."""
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -22,8 +21,8 @@ from model.bulk.score import score_rows
 from model.levels import CHUNK_OVERLAP, MAX_BATCH_TOKENS, PairScore, ScoredBatch
 from model.tokenizer import EncodedPairs
 from service.jobs.api import Job
-from service.runtime.engine import BackendError, Closed, DeadlineExceeded, Engine, NotReady, Overloaded
-from service.runtime.whole import backlog, forward_whole, job_processes
+from service.runtime.engine import Closed, DeadlineExceeded, Engine, NotReady, Overloaded
+from service.runtime.whole import backlog, forward_whole
 from service.runtime.workers.worker import ModelInfo
 
 log = logging.getLogger("qtrel.jobs")
@@ -33,7 +32,7 @@ RETRY_S = 0.5  # after the model was not ready (a reload, a restart)
 
 
 async def forward_batch(engine: Engine, job: Job, batch: list[tuple[list[int], list[int]]]) -> list[PairScore]:
-    """The one place job pairs reach a model: one batch, whole, on the model's job processes or a live one.
+    """The one place job pairs reach a live model process: one batch, whole.
     (The batcher's low-priority class forms batches of its own, whose bits differ from `qtrel score`'s.)"""
     return await forward_whole(engine, batch, job.model)
 
@@ -61,11 +60,9 @@ class EngineScorer:
     ):
         self.engine, self.job, self.info, self.loop, self.halt = engine, job, info, loop, halt
         self.labels = info.labels
-        self.bad = 0  # rows without a score since the last chunk written
         self.started, self.pairs = time.perf_counter(), 0  # this run's pairs scored, for the rate
         self.forwarded = 0  # distinct pairs (or windows) sent to the model, for run_file's summary
         self.in_flight = 0  # batches sent and not answered
-        self._freed: asyncio.Event | None = None  # set when one is answered (made on the loop)
 
     @property
     def rate(self) -> float:
@@ -74,15 +71,12 @@ class EngineScorer:
     def __call__(self, pairs: Sequence[tuple[str, str] | None]) -> ScoredBatch[np.ndarray]:
         o = self.job.options
         overlap = CHUNK_OVERLAP if o.chunk_overlap is None else o.chunk_overlap
-        self.bad += sum(p is None for p in pairs)
         return score_rows(self.labels, self.info.tokenizer, pairs, self._forward, o.max_chunks, overlap)
 
     def _forward(self, todo: list[tuple[str, str]]) -> ScoredBatch[np.ndarray]:
         """On run_file's thread: tokenise and plan as `qtrel score` does, then forward on the event loop."""
         queries, titles, how = [q for q, _ in todo], [t for _, t in todo], self.job.options.truncation
-        enc = asyncio.run_coroutine_threadsafe(self._encode_away(queries, titles), self.loop).result()
-        if enc is None:  # here, on run_file's thread
-            enc = self.info.tokenizer.encode(queries, titles, truncation=how)
+        enc = self.info.tokenizer.encode(queries, titles, truncation=how)
         batches = bulk_batches(enc.lengths, MAX_BATCH_TOKENS, self.info.device.startswith("cpu"))
         outputs = asyncio.run_coroutine_threadsafe(self.forward(enc, batches), self.loop).result()
         self.forwarded += len(todo)
@@ -92,17 +86,6 @@ class EngineScorer:
             np.array([x.expected for x in outputs], dtype=np.float32),
             np.array([x.level for x in outputs], dtype=np.int64),
         )
-
-    async def _encode_away(self, queries: list[str], titles: list[str]) -> EncodedPairs | None:
-        """The chunk tokenised in a job process (the same tokenizer, at idle priority: ~0.5 CPU s a 20,000-row
-        chunk that the server process would take from live requests); None where there are none, or it failed."""
-        if (bg := job_processes(self.engine, self.job.model)) is None:
-            return None
-        try:
-            return await bg.job("encode", queries, titles, truncation=self.job.options.truncation)
-        except BackendError as e:  # a job process died or would not start: tokenised here instead
-            log.warning("job %s: tokenising in a job process failed (%s); tokenising here", self.job.id, e)
-            return None
 
     async def forward(self, enc: EncodedPairs, batches: list[list[int]]) -> list[PairScore]:
         """The batches through the engine, paced; the pairs' outputs in their order."""
@@ -119,20 +102,11 @@ class EngineScorer:
         return [x for x in out if x is not None]
 
     async def _room(self) -> None:
-        """Wait for room: on job processes, one of them free of the job's batches; on the live processes, no
-        live pair waiting for a batch, and a model process that neither a live batch nor one of the job's holds."""
-        if self._freed is None:
-            self._freed = asyncio.Event()
+        """Wait for room: no live pair waiting for a batch, and a model process that neither a live batch nor one
+        of the job's holds."""
         while True:
             if (why := self.halt()) is not None:
                 raise why
-            if (bg := job_processes(self.engine, self.job.model)) is not None:
-                if self.in_flight < bg.size:
-                    return
-                self._freed.clear()
-                with contextlib.suppress(TimeoutError):  # a cancel or a stop is seen within RETRY_S
-                    await asyncio.wait_for(self._freed.wait(), RETRY_S)
-                continue
             waiting, running, slots = backlog(self.engine, self.job.model)
             if not waiting and self.in_flight + running < slots:
                 return
@@ -151,8 +125,6 @@ class EngineScorer:
                         raise why from None
         finally:
             self.in_flight -= 1
-            if self._freed is not None:
-                self._freed.set()
         for i, x in zip(batch, got, strict=True):
             out[i] = x
         self.pairs += len(batch)

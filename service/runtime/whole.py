@@ -1,8 +1,8 @@
-"""Score jobs' way to the model processes, beside the engine's queue: a batch forwarded whole, as the job
-formed it (`qtrel score`'s very batches, whose bits a job's output must match: the queue would form its own),
-on the model's job processes where it has them (service.runtime.background: idle priority), else on a live
-one; and the load a job paces itself by. The engine's readiness and reload rules hold (`require_ready`,
-`hold`)."""
+"""Score jobs' way to the model: the model's job driver where it has one (service.runtime.background: the
+whole job in a process at idle priority), else a batch forwarded whole on a live model process, beside the
+engine's queue, as the job formed it (`qtrel score`'s very batches, whose bits a job's output must match: the
+queue would form its own); and the load such a job paces itself by. The engine's readiness and reload rules
+hold (`require_ready`, `hold`)."""
 
 from __future__ import annotations
 
@@ -22,17 +22,17 @@ def backlog(engine: Engine, model: str | None = None) -> tuple[int, int, int]:
 
 
 def job_processes(engine: Engine, model: str | None = None) -> Background | None:
-    """The model's job processes, if its jobs' batches go there now (None: to the live processes)."""
+    """The model's job driver, if its jobs run there now (None: on the live processes)."""
     return usable(engine.models.get(model).current.background)
 
 
 def usable(bg: Background | None) -> Background | None:
-    """`bg` if the job's batches may go there now (its processes started, or not yet tried)."""
+    """`bg` if a job may run there now (its driver loaded its model before, or has not tried yet)."""
     return bg if bg is not None and bg.usable else None
 
 
 async def stop_job_processes(engine: Engine) -> None:
-    """No job is left: every model's job processes end (the next job starts them again)."""
+    """No job is left: every model's job driver is gone (and the next job tries one again after a failed load)."""
     for served in engine.models:
         if (bg := served.current.background) is not None:
             await bg.stop()
@@ -41,12 +41,11 @@ async def stop_job_processes(engine: Engine) -> None:
 async def forward_whole(
     engine: Engine, batch: list[tuple[list[int], list[int]]], model: str | None = None
 ) -> list[PairScore]:
-    """One batch of (input_ids, token_type_ids) forwarded whole on one of the model's job processes, or live
-    processes; raises as `Engine.score` does (NotReady, InferenceFailed...)."""
+    """One batch of (input_ids, token_type_ids) forwarded whole on one of the model's live processes; raises as
+    `Engine.score` does (NotReady, InferenceFailed...)."""
     served = engine.require_ready(model)
     async with served.hold(time.monotonic() + engine.settings.request_timeout_ms / 1000) as slot:
-        bg = usable(slot.background)
-        out = await (bg.run(batch) if bg is not None else slot.worker.run(batch))
+        out = await slot.worker.run(batch)
     errors = [o for o in out if isinstance(o, Exception)]
     if errors:
         raise InferenceFailed(f"inference failed: {errors[0]}") from errors[0]

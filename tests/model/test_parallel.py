@@ -55,6 +55,9 @@ def test_an_error_is_raised_after_every_item_has_run():
         pool.map(work, range(5))
     assert sorted(done) == [1, 2, 3, 4]
     assert run_batches(pool, lambda i: i * 2, [1, 2, 3]) == [2, 4, 6]
+    # a lone batch runs on a worker too, on its threads: the same bits as in a call of many batches
+    where = run_batches(pool, lambda i: (threading.current_thread().name, torch.get_num_threads()), [0])
+    assert where[0][0].startswith("qtrel-forward") and where[0][1] == pool.threads_each
     pool.close()
 
 

@@ -1,6 +1,8 @@
-"""Score jobs' own model processes (service.runtime.background) through the real app on the tiny checkpoint:
-they run at the OS's idle priority, only while a job runs, a killed one is replaced and the job completes, and
-the output stays byte for byte `qtrel score`'s; `job_processes=shared` is the live processes as before."""
+"""Score jobs' driver (service.runtime.background, service.runtime.workers.driver) through the real app on the
+tiny checkpoint: one process at the OS's idle priority runs the whole job, only while a job runs, and the live
+model processes forward none of it; a killed driver is started again and the job resumes with no row lost or
+twice; a cancel kills it; the output stays byte for byte `qtrel score`'s. `job_processes=shared` is the live
+processes as before."""
 
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ from service.runtime.workers.priority import SCHED_IDLE, policy_of
 from tests.service.conftest import live_server
 from tests.service.http.test_jobs import make_pairs, qtrel_score, wait_finished, write_input
 
+ADMIN = "admin-secret"
 pytestmark = pytest.mark.skipif(not hasattr(os, "SCHED_IDLE"), reason="SCHED_IDLE is Linux's")
 
 
@@ -24,15 +27,25 @@ def submit(c: httpx.Client, src, chunk_rows: int = 250) -> str:
     return r.json()["id"]
 
 
-def job_pids(c: httpx.Client, timeout: float = 60) -> list[int]:
-    """The job processes' pids once they are up."""
+def job_pids(c: httpx.Client, timeout: float = 60, rows: int = 0, job_id: str | None = None) -> list[int]:
+    """The job driver's pid once it has its model (and, given `job_id`, once the job has `rows` written)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         described = c.get("/info").json()["job_processes"]
-        if described["running"] and described["pids"]:
+        done = c.get(f"/v1/jobs/{job_id}").json()["progress"]["rows_done"] if job_id else 0
+        if described["running"] and described["pids"] and described["priority"] and done >= rows:
             return described["pids"]
         time.sleep(0.02)
-    raise AssertionError(f"no job processes came up: {described}")
+    raise AssertionError(f"no job driver came up: {described}")
+
+
+def wait_gone(c: httpx.Client, server, pids: list[int]) -> None:
+    deadline = time.monotonic() + 30  # no job left: the driver ends
+    while c.get("/info").json()["job_processes"]["running"] and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert c.get("/info").json()["job_processes"]["running"] is False
+    assert server.metric("qtrel_job_processes", model="tiny-bert") == 0
+    assert not any(_alive(pid) for pid in pids)  # reaped, not a zombie
 
 
 def sched_policy(pid: int) -> int:
@@ -46,59 +59,102 @@ def sched_policy(pid: int) -> int:
 @pytest.fixture(scope="module")
 def server(tiny_checkpoint, tmp_path_factory):
     jobs = tmp_path_factory.mktemp("jobs")
-    with live_server(tiny_checkpoint, max_wait_ms=5, jobs_dir=jobs, job_min_free_bytes=0, replicas=2) as srv:
+    with live_server(
+        tiny_checkpoint, max_wait_ms=5, jobs_dir=jobs, job_min_free_bytes=0, replicas=2, admin_keys=ADMIN
+    ) as srv:
         yield srv
 
 
-def test_job_processes_run_at_idle_priority_only_while_a_job_runs(server, tiny_checkpoint, tmp_path):
+def test_the_job_driver_runs_the_whole_job_at_idle_priority(server, tiny_checkpoint, tmp_path):
     src = write_input(tmp_path / "pairs.csv", make_pairs(3000, long_every=3))
+    forwards = server.metric("qtrel_inference_seconds_count", model="tiny-bert")
     with httpx.Client(base_url=server.url, timeout=60) as c:
         described = c.get("/info").json()["job_processes"]
         assert described["mode"] == "idle" and described["running"] is False and described["why"] == "auto"
         job_id = submit(c, src)
         pids = job_pids(c)
-        live = set(c.get("/info").json()["worker"]["pids"])
-        assert len(pids) == 2 and not live & set(pids)  # as many as the live ones, none of them
+        info = c.get("/info").json()
+        live = set(info["worker"]["pids"])
+        assert len(pids) == 1 and pids[0] not in live and pids[0] != os.getpid()  # one process, of its own
+        assert info["job_processes"]["forward_workers"] == 2  # as many as the live model processes
+        assert info["job_processes"]["model_from"] == "template"  # forked: the live processes' weights
         for pid in pids:
             assert os.sched_getscheduler(pid) == os.SCHED_IDLE and sched_policy(pid) == 5
             assert policy_of(pid) == SCHED_IDLE
             assert all(sched_policy(int(t)) == 5 for t in os.listdir(f"/proc/{pid}/task"))  # every thread
         assert all(os.sched_getscheduler(pid) == os.SCHED_OTHER for pid in live)
-        assert c.get("/info").json()["job_processes"]["priority"] == SCHED_IDLE
-        assert server.metric("qtrel_job_processes", model="tiny-bert") == 2
+        assert info["job_processes"]["priority"] == SCHED_IDLE
+        assert server.metric("qtrel_job_processes", model="tiny-bert") == 1
         done = wait_finished(c, job_id)
-        assert done["status"] == "completed", done
+        assert done["status"] == "completed" and done["progress"]["pairs_per_s"] > 0, done
         got = c.get(done["output"]["url"]).content
-        deadline = time.monotonic() + 30  # no job left: they end
-        while c.get("/info").json()["job_processes"]["running"] and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert c.get("/info").json()["job_processes"]["running"] is False
-        assert server.metric("qtrel_job_processes", model="tiny-bert") == 0
-        assert not any(os.path.exists(f"/proc/{pid}/status") and _alive(pid) for pid in pids)
+        wait_gone(c, server, pids)
+    # the serving processes forwarded nothing of the job: the driver did it all
+    assert server.metric("qtrel_inference_seconds_count", model="tiny-bert") == forwards
     assert got == qtrel_score(tiny_checkpoint, src, tmp_path / "ref.csv", "--chunk-rows", "250")
 
 
-def test_a_killed_job_process_is_replaced_and_the_job_completes(server, tiny_checkpoint, tmp_path):
-    src = write_input(tmp_path / "pairs.csv", make_pairs(6000, long_every=3))  # still running once replaced
+def test_a_killed_driver_resumes_with_no_row_lost_or_twice(server, tiny_checkpoint, tmp_path):
+    src = write_input(tmp_path / "pairs.csv", make_pairs(8000, long_every=3))  # still running once killed
     died = server.metric("qtrel_worker_restarts_total", model="tiny-bert", reason="died")
     with httpx.Client(base_url=server.url, timeout=60) as c:
+        restarts = c.get("/info").json()["job_processes"]["restarts"]
         job_id = submit(c, src)
-        first = job_pids(c)
+        first = job_pids(c, rows=1000, job_id=job_id)  # mid-job: some chunks written
         os.kill(first[0], signal.SIGKILL)
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:  # replaced: a new one, ready, at idle priority, beside the other
-            described = c.get("/info").json()["job_processes"]
-            pids = described["pids"]
-            if len(pids) == 2 and first[0] not in pids and described["replica_states"] == ["ready", "ready"]:
-                break
-            time.sleep(0.02)
-        assert first[1] in pids and first[0] not in pids, pids
-        new = next(p for p in pids if p not in first)
-        assert os.sched_getscheduler(new) == os.SCHED_IDLE
+        mid = c.get(f"/v1/jobs/{job_id}").json()
+        assert mid["status"] == "in_progress" and 1000 <= mid["progress"]["rows_done"] < 8005, mid
+        again = job_pids(c)
+        while again == first:  # the killed one may still be listed for a moment
+            again = job_pids(c)
+        assert os.sched_getscheduler(again[0]) == os.SCHED_IDLE
         done = wait_finished(c, job_id)
-        assert done["status"] == "completed", done
+        assert done["status"] == "completed" and done["request_counts"]["completed"] == 8005, done
         got = c.get(done["output"]["url"]).content
+        assert c.get("/info").json()["job_processes"]["restarts"] == restarts + 1
+        wait_gone(c, server, first + again)
     assert server.metric("qtrel_worker_restarts_total", model="tiny-bert", reason="died") == died + 1
+    assert got == qtrel_score(tiny_checkpoint, src, tmp_path / "ref.csv", "--chunk-rows", "250")
+
+
+def test_cancel_kills_the_driver_and_removes_the_output(server, tmp_path):
+    src = write_input(tmp_path / "pairs.jsonl", make_pairs(8000, long_every=3))
+    with httpx.Client(base_url=server.url, timeout=60) as c:
+        job_id = submit(c, src)
+        pids = job_pids(c, rows=250, job_id=job_id)
+        r = c.post(f"/v1/jobs/{job_id}/cancel")
+        assert r.status_code == 200 and r.json()["status"] in ("cancelling", "cancelled"), r.text
+        done = wait_finished(c, job_id, timeout=30)
+        assert done["status"] == "cancelled" and done["progress"]["rows_done"] < 8005, done
+        wait_gone(c, server, pids)
+        folder = server.settings.jobs_dir / job_id
+        assert not (folder / "output.jsonl").exists() and (folder / "input.jsonl").exists()
+
+
+def test_a_hot_reload_moves_the_job_to_the_new_copy_from_its_last_chunk(server, tiny_checkpoint, tmp_path):
+    src = write_input(tmp_path / "pairs.csv", make_pairs(30000, long_every=2))  # still running once reloaded
+    with httpx.Client(base_url=server.url, timeout=120) as c:
+        died = server.metric("qtrel_worker_restarts_total", model="tiny-bert", reason="died")
+        generation = c.get("/v1/models").json()["data"][0]["generation"]
+        job_id = submit(c, src)
+        first = job_pids(c, rows=1000, job_id=job_id)
+        r = c.post("/admin/models/tiny-bert/reload", headers={"Authorization": f"Bearer {ADMIN}"})
+        assert r.status_code == 200, r.text
+        assert c.get("/v1/models").json()["data"][0]["generation"] == generation + 1
+        deadline = time.monotonic() + 30
+        while _alive(first[0]) and time.monotonic() < deadline:  # the retired copy takes its driver with it
+            time.sleep(0.02)
+        assert not _alive(first[0])
+        assert c.get(f"/v1/jobs/{job_id}").json()["status"] == "in_progress"
+        again = job_pids(c)
+        assert again != first and os.sched_getscheduler(again[0]) == os.SCHED_IDLE  # the new copy's driver
+        done = wait_finished(c, job_id)
+        assert done["status"] == "completed" and done["request_counts"]["completed"] == 30005, done
+        got = c.get(done["output"]["url"]).content
+        assert c.get("/info").json()["job_processes"]["restarts"] == 0  # the new copy's: a move, not a death
+        assert server.metric("qtrel_worker_restarts_total", model="tiny-bert", reason="died") == died
+        wait_gone(c, server, again)
+    # the same checkpoint reloaded: every row once, the bytes of an uninterrupted run
     assert got == qtrel_score(tiny_checkpoint, src, tmp_path / "ref.csv", "--chunk-rows", "250")
 
 

@@ -87,7 +87,7 @@ def test_auto_keeps_shared_under_a_cpu_quota(monkeypatch):
 
 @pytest.mark.skipif(not hasattr(os, "SCHED_IDLE"), reason="SCHED_IDLE is Linux's")
 def test_an_idle_worker_tokenises_as_the_server_and_its_watchdog_still_kills_a_stopped_process(tiny_checkpoint):
-    """A job process (idle priority, as service.runtime.background starts them): its "encode" job gives the
+    """A model process at idle priority (ProcessBackend's `idle`): its "encode" job gives the
     server tokenizer's very ids, and a process that is stopped (not waiting for a CPU) is still killed by the
     watchdog, replaced at idle priority, and its batch retried."""
     import asyncio
@@ -95,8 +95,11 @@ def test_an_idle_worker_tokenises_as_the_server_and_its_watchdog_still_kills_a_s
     from pathlib import Path
 
     from model.tokenizer import PairTokenizer
-    from service.runtime.background import idle_backend
+    from service.runtime.workers.backend_process import ProcessBackend
     from service.runtime.workers.worker import Worker
+
+    def idle_backend(spec: LoadSpec, name: str) -> ProcessBackend:
+        return ProcessBackend(spec, name, idle=True)
 
     w = Worker(LoadSpec(str(tiny_checkpoint), warmup=False), batch_timeout_s=1.0, backend=idle_backend)
     queries, titles = ["cordless drill", "garden hose"], ["DEWALT 20V drill " * 40, "50 ft hose"]
