@@ -133,7 +133,6 @@ class InFlight:
     kind: str  # "Forward" or "Job:<name>"
     since: float
     pid: int
-    waited: float | None = None  # an idle-priority process's wait for a CPU so far, when it took the job
 
 
 @dataclass(frozen=True)
@@ -224,10 +223,6 @@ class Backend(ABC):
     def in_flight(self) -> InFlight | None:
         """The job a model process holds now (for the watchdog); None on a backend that cannot be killed."""
         return None
-
-    def held_s(self, held: InFlight, now: float) -> float:
-        """Seconds the process has held `held` by `now` (monotonic), as the watchdog counts them."""
-        return now - held.since
 
     # A backend whose exchange the event loop can drive itself (`start_on_loop`), without its replica's thread.
     loop_driven = False

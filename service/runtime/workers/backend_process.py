@@ -29,7 +29,6 @@ from collections.abc import Sequence
 from typing import Any
 
 from service.runtime.layout import quiet_gc, release_free_memory
-from service.runtime.workers import priority
 from service.runtime.workers.backend import (
     TEMPLATE_ENV,
     Answer,
@@ -64,12 +63,10 @@ PROBE_FIELDS = ("inference", "inference_reason", "inference_probe")  # what /inf
 IDLE_TRIM_S = 2.0
 
 
-def child_main(conn, spec: LoadSpec, answer: Answer | None = None, idle: bool = False) -> None:
+def child_main(conn, spec: LoadSpec, answer: Answer | None = None) -> None:
     """Entry point of the model process: load, then answer messages (`answer`, by default runner.handle)
     until Stop or until the server process goes away. Lifecycle signals are the server's to handle (it
-    drains, or reloads, first). `idle`: the process runs at the OS's idle priority (score jobs' batches),
-    set first, so that every thread torch starts inherits it."""
-    lowered = priority.lower_priority() if idle else None
+    drains, or reloads, first)."""
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):  # a terminal's hang-up reaches the group too
         signal.signal(sig, signal.SIG_IGN)
     from service.runtime.workers import runner, template  # torch and the model: here, never in the server process
@@ -84,7 +81,7 @@ def child_main(conn, spec: LoadSpec, answer: Answer | None = None, idle: bool = 
             model = base.model
             runner.set_threads(spec.threads or base.default_threads)
         runner.start_inference(model, spec)  # here, after the fork: OpenVINO's thread pools are this process's
-        conn.send(Loaded(model.describe() | ({"priority": lowered} if lowered else {})))
+        conn.send(Loaded(model.describe()))
     except Exception as e:
         conn.send(Failed(f"{type(e).__name__}: {e}"))
         return
@@ -149,15 +146,12 @@ def start_context(spec: LoadSpec):
 
 
 class ProcessBackend(Backend):
-    """`answer`: the model side of a message, if not runner.handle (picklable: a module-level function).
-    `idle`: the process runs at the OS's idle priority (`priority.lower_priority`), and the watchdog does not
-    count the time it waited for a CPU."""
+    """`answer`: the model side of a message, if not runner.handle (picklable: a module-level function)."""
 
-    def __init__(self, spec: LoadSpec, name: str = "qtrel-model", answer: Answer | None = None, idle: bool = False):
+    def __init__(self, spec: LoadSpec, name: str = "qtrel-model", answer: Answer | None = None):
         self.spec = spec
         self.name = name
         self.answer = answer
-        self.idle = idle
         self._proc: Any = None
         self._conn: Any = None
         self._lock = threading.Lock()  # guards the two fields below, read by the watchdog's thread
@@ -183,7 +177,7 @@ class ProcessBackend(Backend):
         ctx = start_context(spec)
         parent, child = ctx.Pipe()
         try:
-            args = (child, spec, self.answer, self.idle)
+            args = (child, spec, self.answer)
             proc = ctx.Process(target=child_main, args=args, name=self.name, daemon=True)
             proc.start()
         except Exception as e:  # e.g. no memory left to start a process
@@ -227,10 +221,8 @@ class ProcessBackend(Backend):
         return self._call(Job(name, args, kwargs or {}), f"Job:{name}")
 
     def _call(self, message: Forward | Job, kind: str) -> Any:
-        pid = self._proc.pid
-        waited = priority.cpu_wait_s(pid) if self.idle else None
         with self._lock:
-            self._in_flight = InFlight(kind, time.monotonic(), pid, waited)
+            self._in_flight = InFlight(kind, time.monotonic(), self._proc.pid)
         try:
             if self.loop_driven:  # uvloop's add_reader (libuv's uv_poll) leaves the pipe non-blocking
                 os.set_blocking(self._conn.fileno(), True)
@@ -254,9 +246,8 @@ class ProcessBackend(Backend):
         is known yet (the replica's thread joins it as it replaces it)."""
         proc = self._proc
         kind = "Forward" if isinstance(message, Forward) else f"Job:{message.name}"
-        waited = priority.cpu_wait_s(proc.pid) if self.idle else None
         with self._lock:
-            self._in_flight = InFlight(kind, time.monotonic(), proc.pid, waited)
+            self._in_flight = InFlight(kind, time.monotonic(), proc.pid)
 
         def finish(reply: Any, error: BaseException | None) -> None:
             with self._lock:
@@ -290,13 +281,6 @@ class ProcessBackend(Backend):
     def in_flight(self) -> InFlight | None:
         with self._lock:
             return self._in_flight
-
-    def held_s(self, held: InFlight, now: float) -> float:
-        """An idle process's time held less the time it waited for a CPU: live work kept it off the CPUs, it
-        was not stuck."""
-        if held.waited is None or (waited := priority.cpu_wait_s(held.pid)) is None:
-            return now - held.since
-        return now - held.since - max(0.0, waited - held.waited)
 
     def kill(self, reason: str, expected: InFlight) -> bool:
         with self._lock:

@@ -1,10 +1,7 @@
-"""The OS priority of the model processes that run score jobs' batches: Linux's idle class (SCHED_IDLE: such a
-process runs only on a CPU that nothing else wants, and a woken process of the normal class preempts it at
-once), else nice 19. Lowered once, at the process's start; an unprivileged process cannot raise it back (that
-needs CAP_SYS_NICE, which containers drop), so it stays so for the process's life.
-
-Also how long a process has waited for a CPU (/proc/PID/schedstat): a watchdog that times a job on an idle
-process must not count the time the normal class kept it off the CPUs."""
+"""The OS priority of the process that runs a score job (service.runtime.workers.driver): Linux's idle class
+(SCHED_IDLE: such a process runs only on a CPU that nothing else wants, and a woken process of the normal class
+preempts it at once), else nice 19. Lowered once, at the process's start; an unprivileged process cannot raise
+it back (that needs CAP_SYS_NICE, which containers drop), so it stays so for the process's life."""
 
 from __future__ import annotations
 
@@ -33,16 +30,6 @@ def policy_of(pid: int) -> str:
     if hasattr(os, "sched_getscheduler") and os.sched_getscheduler(pid) == os.SCHED_IDLE:
         return SCHED_IDLE
     return NICE if os.getpriority(os.PRIO_PROCESS, pid) >= 19 else "normal"
-
-
-def cpu_wait_s(pid: int) -> float | None:
-    """Seconds the process's main thread has spent runnable but waiting for a CPU since it started; None where
-    the kernel does not say (not Linux)."""
-    try:
-        with open(f"/proc/{pid}/schedstat") as f:
-            return int(f.read().split()[1]) / 1e9
-    except (OSError, ValueError, IndexError):
-        return None
 
 
 def _threads() -> list[int]:

@@ -16,7 +16,6 @@ import torch
 
 from model.device import resolve_device
 from model.relevance import RelevanceModel
-from model.tokenizer import EncodedPairs, Truncation
 from service.runtime.workers.backend import Encoded, Error, Forward, Forwarded, Job, LoadSpec, Reply, Result
 
 log = logging.getLogger("qtrel.worker")
@@ -24,16 +23,7 @@ log = logging.getLogger("qtrel.worker")
 # Named jobs a model runs between batches: name -> "module:function", called as function(model, ...).
 JOBS: dict[str, str] = {
     "explain": "model.explain:explain_pair",
-    "encode": "service.runtime.workers.runner:encode",
 }
-
-
-def encode(
-    model: RelevanceModel, queries: list[str], titles: list[str], truncation: Truncation = "only_second"
-) -> EncodedPairs:
-    """The model's tokenizer on many pairs (a score job's chunk, in its idle-priority processes: the server
-    process's CPU and interpreter lock stay with live requests)."""
-    return model.tokenizer.encode(queries, titles, truncation=truncation)
 
 
 def set_threads(threads: int) -> None:

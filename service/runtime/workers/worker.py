@@ -335,7 +335,7 @@ class Worker:
             for r in self._replicas:
                 backend = r.backend
                 held = backend.in_flight() if backend is not None else None
-                if held is None or backend is None or (seconds := backend.held_s(held, now)) <= limit:
+                if held is None or backend is None or (seconds := now - held.since) <= limit:
                     continue
                 if backend.kill("timeout", held):
                     log.error(

@@ -58,6 +58,11 @@ def sched_policy(pid: int) -> int:
 
 @pytest.fixture(scope="module")
 def server(tiny_checkpoint, tmp_path_factory):
+    from multiprocessing import forkserver
+
+    # The fork server is one per pytest process, its template the first spec that asked for one: a fresh one,
+    # so that the driver can fork from this server's model as it would in a server of its own.
+    forkserver._forkserver._stop()  # type: ignore[attr-defined]
     jobs = tmp_path_factory.mktemp("jobs")
     with live_server(
         tiny_checkpoint, max_wait_ms=5, jobs_dir=jobs, job_min_free_bytes=0, replicas=2, admin_keys=ADMIN
