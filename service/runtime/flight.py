@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 from service.runtime.batcher import Closed, DeadlineExceeded
@@ -67,10 +68,10 @@ class Flights:
 
     def start(self, key: Key, flight: Flight) -> Flight:
         self._in_flight[key] = flight
-        flight.future.add_done_callback(lambda fut: self._landed(key, flight))
+        flight.future.add_done_callback(partial(self._landed, key, flight))  # no Python frame of its own
         return flight
 
-    def _landed(self, key: Key, flight: Flight) -> None:
+    def _landed(self, key: Key, flight: Flight, _: Any = None) -> None:
         if self._in_flight.get(key) is flight:
             del self._in_flight[key]
         if not flight.future.cancelled() and flight.future.exception() is None:

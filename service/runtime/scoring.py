@@ -206,7 +206,8 @@ class FrameSide:
         p.priority = priority = priority_of(a["priority"])
         gen, trunc, side_, n = slot.generation, a["truncation"], a["side"], model.max_length
         p.keys = keys = [make_key(name, gen, trunc, side_, n, q, t) for q, t in zip(a["queries"], a["titles"])]
-        p.found = found = {}
+        found: dict[Key, Cached] = {}
+        p.found = found
         flights = p.flights
         look = a["use_cache"] and self.cache.enabled
         todo = self.lookup(slot, keys, look, priority, found, flights)
