@@ -100,9 +100,6 @@ class Batcher:
         self._clock = 0  # tokens dispatched so far: the fair order's clock (batching.due)
         self._closed = False
         self._task: asyncio.Task | None = None
-        # the loop `start` ran on: asyncio.get_running_loop() costs a getpid system call on CPython 3.11, and
-        # submit is called once a request
-        self._loop: asyncio.AbstractEventLoop | None = None
         self._idle = asyncio.Event()
         self._idle.set()
 
@@ -195,7 +192,7 @@ class Batcher:
         # the gauges once per event-loop turn, however many requests it queued (a scrape sees the same)
         if not self._report_due:
             self._report_due = True
-            (self._loop or asyncio.get_running_loop()).call_soon(self._report_now)
+            (self._task.get_loop() if self._task else asyncio.get_running_loop()).call_soon(self._report_now)
 
     def _report_now(self) -> None:
         self._report_due = False
@@ -218,7 +215,7 @@ class Batcher:
         if any(length > self.max_batch_tokens for length, _ in work):
             raise ValueError(f"an item is longer than max_batch_tokens ({self.max_batch_tokens})")
         self.check_admission(len(work), sum(length for length, _ in work), priority)
-        loop = self._loop or asyncio.get_running_loop()
+        loop = self._task.get_loop() if self._task else asyncio.get_running_loop()  # get_running_loop: a getpid
         futures = []
         now = time.monotonic()
         rank = due(self._clock, sum(n for n, _ in work))
@@ -239,8 +236,7 @@ class Batcher:
 
     # --- lifecycle ----------------------------------------------------------------------------
     def start(self) -> None:
-        self._loop = asyncio.get_running_loop()
-        self._task = asyncio.create_task(self._run_loop(), name="qtrel-batcher")
+        self._task = asyncio.create_task(self._loop(), name="qtrel-batcher")
 
     async def drain(self, timeout: float | None = None) -> bool:
         """Stop admitting; wait until every admitted item is resolved. True if drained in time."""
@@ -316,7 +312,7 @@ class Batcher:
             except TimeoutError:
                 return
 
-    async def _run_loop(self) -> None:
+    async def _loop(self) -> None:
         while True:
             if not self._pending:
                 self._wake.clear()

@@ -55,9 +55,9 @@ CALLS = ("explain", "reload", "info", "model_list", "jobs_wake")  # what a front
 
 
 def run_loop(main: Coroutine[Any, Any, T]) -> T:
-    """Run the core's event loop to `main`'s end: uvloop where it is installed, as uvicorn picks it for one
-    process (the core is event-loop bound: with asyncio's own loop its selector, handles and socket transports
-    cost it ~a quarter of its CPU, docs/fronts-bench.md), else asyncio's."""
+    """Run the core's event loop to `main`'s end: uvloop where it is installed, as uvicorn picks it for a front
+    and for one process, else asyncio's. asyncio's own selector, handles and socket transports are Python, and
+    the core does little but run them (docs/fronts-bench.md)."""
     try:
         import uvloop
     except ImportError:
