@@ -13,6 +13,7 @@ one core left to the core process, every other running a front, and the one core
     python bench/fronts.py --quick                  # one short round of 1 and 2 fronts (< 60 s); needs wrk
     python bench/fronts.py --rounds 3 --seconds 10  # 1, 2 (reuseport) and 2 (shared socket), 3 rounds
     python bench/fronts.py --against /tmp/base      # 2 fronts of this build and of another checkout, interleaved
+    python bench/fronts.py --hold 2                 # one server with 2 fronts kept for a profiler: its pids
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import argparse
 import json
 import os
 import re
+import signal
 import statistics
 import subprocess
 import sys
@@ -145,6 +147,34 @@ def run_wrk(url: str, lua: Path, seconds: float, connections: int) -> dict:
     }
 
 
+def start_server(model: Path, workers: int, sock: str, port: int, log: Path, root: Path = ROOT) -> subprocess.Popen:
+    env = {**os.environ, "QTREL_CACHE_MB": "0", "QTREL_LOG_LEVEL": "warning", "PYTHONPATH": str(root)}
+    cmd = [sys.executable, "-m", "service.cli", "serve", "--model", str(model), "--host", "127.0.0.1"]
+    cmd += ["--port", str(port), "--http-workers", str(workers), "--http-socket", sock]
+    if "qtrel-fronts-tiny-bert" in str(model):  # no OpenVINO probe for a model that costs nothing
+        cmd += ["--inference", "torch"]
+    with open(log, "a") as out:
+        return subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT, cwd=root)
+
+
+def hold(model: Path, workers: int, port: int, lua: Path, log: Path) -> int:
+    """One server kept running for a profiler: its processes by role, and the wrk command that loads it."""
+    proc = start_server(model, workers, "reuseport", port, log)
+    url = f"http://127.0.0.1:{port}"
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # the server is stopped with this script
+    try:
+        wait_ready(url, proc)
+        print(json.dumps(processes(proc.pid)), flush=True)
+        print(f"load: wrk -t1 -c64 -d30s -s {lua} {url}  (e.g. py-spy record -r 500 -p <core pid>); Ctrl-C stops")
+        proc.wait()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        proc.terminate()
+        proc.wait(60)
+    return 0
+
+
 def one_run(
     model: Path,
     workers: int,
@@ -156,13 +186,7 @@ def one_run(
     connections: int = 64,
     root: Path = ROOT,
 ) -> dict:
-    env = {**os.environ, "QTREL_CACHE_MB": "0", "QTREL_LOG_LEVEL": "warning", "PYTHONPATH": str(root)}
-    cmd = [sys.executable, "-m", "service.cli", "serve", "--model", str(model), "--host", "127.0.0.1"]
-    cmd += ["--port", str(port), "--http-workers", str(workers), "--http-socket", sock]
-    if "qtrel-fronts-tiny-bert" in str(model):  # no OpenVINO probe for a model that costs nothing
-        cmd += ["--inference", "torch"]
-    with open(log, "a") as out:
-        proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT, cwd=root)
+    proc = start_server(model, workers, sock, port, log, root)
     url = f"http://127.0.0.1:{port}"
     try:
         wait_ready(url, proc)
@@ -228,6 +252,7 @@ def main() -> int:
     ap.add_argument("--titles", type=int, default=1, help="distinct titles a request (default 1: one pair)")
     ap.add_argument("--out", type=Path, default=None, help="write the raw runs and summary as JSON here")
     ap.add_argument("--against", type=Path, help="another checkout (C kernels built): 2 fronts of each, interleaved")
+    ap.add_argument("--hold", type=int, metavar="N", help="start one server with N fronts, print its pids, keep it")
     a = ap.parse_args()
     rounds, seconds = (1, 4.0) if a.quick else (a.rounds, a.seconds)
     layouts = [(1, "reuseport", ROOT), (2, "reuseport", ROOT)]
@@ -238,6 +263,8 @@ def main() -> int:
     model = a.model.resolve() if a.model else tiny_checkpoint(Path(tempfile.gettempdir()) / "qtrel-fronts-tiny-bert")
     lua = work / "distinct.lua"
     lua.write_text(LUA.replace("TITLES", str(a.titles)))
+    if a.hold:
+        return hold(model, a.hold, a.port, lua, work / "server.log")
     runs = []
     for i in range(rounds):
         order = layouts if i % 2 == 0 else layouts[::-1]

@@ -17,7 +17,7 @@ import tempfile
 from service.fronts import Fronts
 from service.jobs.runner import JobRunner
 from service.metrics import Metrics
-from service.runtime.core import STATE_EVERY_S, CoreServer
+from service.runtime.core import STATE_EVERY_S, CoreServer, run_loop
 from service.runtime.engine import Engine
 from service.runtime.layout import quiet_gc
 from service.runtime.models import Models
@@ -115,7 +115,7 @@ def serve_core(settings: Settings, count: int, why: str) -> int:
 
     configure(settings.log_level, settings.log_json)
     quiet_gc()
-    fatal = asyncio.run(run_core(settings, count, why))
+    fatal = run_loop(run_core(settings, count, why))
     if fatal:
         print(f"qtrel serve: {fatal}", file=sys.stderr)
         return 1

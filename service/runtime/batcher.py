@@ -192,7 +192,7 @@ class Batcher:
         # the gauges once per event-loop turn, however many requests it queued (a scrape sees the same)
         if not self._report_due:
             self._report_due = True
-            asyncio.get_running_loop().call_soon(self._report_now)
+            (self._task.get_loop() if self._task else asyncio.get_running_loop()).call_soon(self._report_now)
 
     def _report_now(self) -> None:
         self._report_due = False
@@ -215,7 +215,7 @@ class Batcher:
         if any(length > self.max_batch_tokens for length, _ in work):
             raise ValueError(f"an item is longer than max_batch_tokens ({self.max_batch_tokens})")
         self.check_admission(len(work), sum(length for length, _ in work), priority)
-        loop = asyncio.get_running_loop()
+        loop = self._task.get_loop() if self._task else asyncio.get_running_loop()  # get_running_loop: a getpid
         futures = []
         now = time.monotonic()
         rank = due(self._clock, sum(n for n, _ in work))

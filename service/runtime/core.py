@@ -31,16 +31,16 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from functools import partial
-from typing import Any
+from typing import Any, TypeVar
 
 from model.tokenizer import EncodedPairs
 from service.logs import request_id
 from service.metrics_merge import FrontSamples, merge, samples
 from service.runtime.encoded import Encoded
 from service.runtime.engine import Engine
-from service.runtime.scoring import SLOW, Pending
+from service.runtime.scoring import SLOW, Pending, Turn
 from service.runtime.wire import Channel, dump_error
 
 log = logging.getLogger("qtrel.core")
@@ -50,7 +50,20 @@ STATE_EVERY_S = 0.1  # how often the core looks for a change of state to push to
 # is refused only with ~a second of work ahead (max_queue_wait_ms), so this lag leaves the model no gap.
 FULL_EVERY_S = 0.01
 COLLECT_TIMEOUT_S = 2.0  # a front that does not answer a metrics collection in time is left out
+T = TypeVar("T")
 CALLS = ("explain", "reload", "info", "model_list", "jobs_wake")  # what a front may call by name
+
+
+def run_loop(main: Coroutine[Any, Any, T]) -> T:
+    """Run the core's event loop to `main`'s end: uvloop where it is installed, as uvicorn picks it for a front
+    and for one process, else asyncio's. asyncio's own selector, handles and socket transports are Python, and
+    the core does little but run them (docs/fronts-bench.md)."""
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.run(main)
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        return runner.run(main)
 
 
 def scored_value(s) -> tuple:
@@ -93,10 +106,10 @@ class Link:
 
     def _scores(self, requests: list) -> None:
         engine, tracing = self.core.engine, self.core.engine.tracing
-        touched: set = set()
+        turn = Turn()
         for rid, a in requests:
             try:
-                p = engine.take(a, tracing.context_of(a["tp"]), partial(self._reply, rid), touched)
+                p = engine.take(a, tracing.context_of(a["tp"]), partial(self._reply, rid), turn)
             except Exception as e:  # a malformed request: its answer, not the frame's end
                 self._reply(rid, e, None)
                 continue
@@ -104,7 +117,7 @@ class Link:
                 self._start(rid, self.core.score(a))
             elif p is not None:
                 self.pending[rid] = p  # type: ignore[assignment]
-        for batcher in touched:
+        for batcher in turn.touched:
             batcher.report()
         self.core.push_full()
 

@@ -85,6 +85,7 @@ class Engine(TextSide, FrameSide):
         self._tok_pool = ThreadPoolExecutor(1, thread_name_prefix="qtrel-tokenize")
         self._children: dict[tuple, Any] = {}  # labelled metric series by (metric, labels): see _series
         self._tally: dict[Any, int] = {}  # counts to add at the end of this event-loop turn (FrameSide.tally)
+        self._level_series: dict = {}  # per model: its levels and their series (FrameSide.answer)
 
     # the default model's parts (what one-model callers and tests read)
     runtime = property(lambda self: self.models.default.current.runtime, doc="the default model's Runtime")

@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 from service.runtime.batcher import Closed, DeadlineExceeded
@@ -22,18 +22,31 @@ from service.runtime.cache import Key
 log = logging.getLogger("qtrel.flight")
 
 
-@dataclass(eq=False)
 class Flight:
-    future: asyncio.Future
-    payload: Any  # (input_ids, token_type_ids): what a resubmission queues again
-    length: int
-    truncated: bool
-    deadline: float  # monotonic seconds: the deadline the pair was queued under
-    unknown: float = 0.0  # the share of its text the model cannot read (EncodedPairs.unknown)
-    waiters: int = field(default=0)
-    # told `landed(key, future)` once the pair is done (and cached): the engine core's requests, which
-    # wait without a task (service.runtime.scoring)
-    watchers: list = field(default_factory=list)
+    """One distinct pair submitted to the batcher (a plain class with slots: the engine core makes one a pair)."""
+
+    __slots__ = ("deadline", "future", "length", "payload", "truncated", "unknown", "waiters", "watchers")
+
+    def __init__(
+        self,
+        future: asyncio.Future,
+        payload: Any,  # (input_ids, token_type_ids): what a resubmission queues again
+        length: int,
+        truncated: bool,
+        deadline: float,  # monotonic seconds: the deadline the pair was queued under
+        unknown: float = 0.0,  # the share of its text the model cannot read (EncodedPairs.unknown)
+        waiters: int = 0,
+    ):
+        self.future = future
+        self.payload = payload
+        self.length = length
+        self.truncated = truncated
+        self.deadline = deadline
+        self.unknown = unknown
+        self.waiters = waiters
+        # told `landed(key, future)` once the pair is done (and cached): the engine core's requests, which
+        # wait without a task (service.runtime.scoring)
+        self.watchers: list = []
 
 
 class Flights:
@@ -55,10 +68,10 @@ class Flights:
 
     def start(self, key: Key, flight: Flight) -> Flight:
         self._in_flight[key] = flight
-        flight.future.add_done_callback(lambda fut: self._landed(key, flight))
+        flight.future.add_done_callback(partial(self._landed, key, flight))  # no Python frame of its own
         return flight
 
-    def _landed(self, key: Key, flight: Flight) -> None:
+    def _landed(self, key: Key, flight: Flight, _: Any = None) -> None:
         if self._in_flight.get(key) is flight:
             del self._in_flight[key]
         if not flight.future.cancelled() and flight.future.exception() is None:

@@ -60,7 +60,7 @@ class Pending:
     trace: Any
     tag: str
     keys: list[Key]
-    found: dict[Key, Cached]
+    found: dict[Key, Cached]  # (pairs answered by the cache)
     flights: dict[Key, Flight]
     deadline: float
     priority: int
@@ -109,11 +109,8 @@ class Pending:
         side = self.side
         scored = None
         if error is None:
-            found = self.found
             try:
-                for k, f in self.flights.items():
-                    found[k] = Cached(f.future.result(), f.length, f.truncated, f.unknown)
-                scored = side.outputs(self.served.name, self.model, [found[k] for k in self.keys])
+                scored = side.answer(self.served.name, self.model, self.keys, self.found, self.flights)
             except Exception as e:  # answered with the error: a request is never left waiting
                 error = e
         if error is not None:
@@ -137,6 +134,28 @@ class Pending:
         self.slot.users -= 1
 
 
+class Turn:
+    """What the requests of one frame share: the batchers they queued work on (whose gauges are reported once
+    a frame) and each model they named, resolved once (readiness cannot change while a frame is taken: no
+    await between its requests)."""
+
+    __slots__ = ("models", "touched")
+
+    def __init__(self) -> None:
+        self.touched: set[Batcher] = set()
+        self.models: dict[str | None, tuple[Any, Any, Any]] = {}
+
+    def resolve(self, side: FrameSide, name: str | None) -> tuple[Any, Any, Any]:
+        """(served, its serving slot, its model info), or (served, None, None) while an in-place reload
+        holds it (SLOW). Raises what a request naming it would meet (NotReady, ModelNotFound)."""
+        served = side.require_ready(name)
+        if served.state() == "reloading":
+            return served, None, None  # not remembered: an error or SLOW is the rare case
+        slot = served.current
+        got = self.models[name] = (served, slot, side._model(slot))
+        return got
+
+
 class FrameSide:
     """The engine's per-frame scoring (a mixin of service.runtime.engine.Engine)."""
 
@@ -150,28 +169,27 @@ class FrameSide:
     _admit: Callable[..., None]
     _tally: dict[Any, int]  # metric series -> what to add at the end of this turn of the event loop
     _series: Callable[..., Any]
+    _level_series: dict[str, tuple[list[str], list[Any]]]  # per model: its levels, and each level's series
 
-    def take(self, a: dict, trace: Any, reply: Reply, touched: set[Batcher]) -> Pending | str | None:
+    def take(self, a: dict, trace: Any, reply: Reply, turn: Turn) -> Pending | str | None:
         """Start scoring one request of a frame (the fields of service.runtime.remote's score frame).
         Returns its `Pending` (to cancel it), None if it was answered at once (a cache hit, an error), or
-        SLOW. `touched`: the batchers it queued work on (their gauges are reported once per frame)."""
+        SLOW. `turn`: what the frame's requests share (service.runtime.scoring.Turn)."""
         p = Pending(self, reply)
         try:
-            served = self.require_ready(a["model"])
-            if served.state() == "reloading":
+            served, slot, model = turn.models.get(a["model"]) or turn.resolve(self, a["model"])
+            if slot is None:
                 return SLOW
-            slot = served.current
             if a["generation"] != slot.generation:
                 raise Stale(served.name, slot.generation)
-            p.model = self._model(slot)
         except Exception as e:
             reply(e, None)
             return None
         slot.users += 1
-        p.served, p.slot, p.args, p.trace, p.flights = served, slot, a, trace, {}
+        p.served, p.slot, p.model, p.args, p.trace, p.flights = served, slot, model, a, trace, {}
         p.tag = f"request {a['rid'] or '-'}"
         try:
-            self._start(p, a, touched)
+            self._start(p, a, turn.touched)
         except Exception as e:
             p.closed = True
             p.release()
@@ -188,7 +206,8 @@ class FrameSide:
         p.priority = priority = priority_of(a["priority"])
         gen, trunc, side_, n = slot.generation, a["truncation"], a["side"], model.max_length
         p.keys = keys = [make_key(name, gen, trunc, side_, n, q, t) for q, t in zip(a["queries"], a["titles"])]
-        p.found = found = dict[Key, Cached]()
+        found: dict[Key, Cached] = {}
+        p.found = found
         flights = p.flights
         look = a["use_cache"] and self.cache.enabled
         todo = self.lookup(slot, keys, look, priority, found, flights)
@@ -196,8 +215,10 @@ class FrameSide:
         if look:
             self.tally(m.cache_hits, hits)
             self.tally(m.cache_misses, joined + fresh)
-        self.tally(self._series(m.folded, "request"), len(keys) - hits - joined - fresh)
-        self.tally(self._series(m.folded, "in_flight"), joined)
+        if folded := len(keys) - hits - joined - fresh:
+            self.tally(self._series(m.folded, "request"), folded)
+        if joined:
+            self.tally(self._series(m.folded, "in_flight"), joined)
         enc = Encoded.pick_from(a["ids"], a["segs"], a["cut"], a.get("unk") or [], list(todo.values()))
         if not a["allow_truncation"]:
             cut = {k: c.truncated for k, c in found.items()} | {k: f.truncated for k, f in flights.items()}
@@ -245,20 +266,34 @@ class FrameSide:
             self.metrics.rejected.labels("overloaded").inc()
             raise
 
-    def outputs(self, name: str, model: Any, outputs: list[Cached]) -> Scored:
-        """The answer from each pair's result, counted in the metrics (pairs, levels)."""
-        self.tally(self._series(self.metrics.pairs, name), len(outputs))
+    def answer(self, name: str, model: Any, keys: list[Key], found: dict[Key, Cached], flights: dict) -> Scored:
+        """The answer from each pair's result (the cache's, or its flight's), counted in the metrics (pairs,
+        levels): a request's pairs read once, with no object per pair."""
+        outs, lengths, cut, unknown = [], [], [], []
+        for k in keys:
+            if (c := found.get(k)) is not None:
+                outs.append(c.output)
+                lengths.append(c.length)
+                cut.append(c.truncated)
+                unknown.append(c.unknown)
+            else:
+                f = flights[k]
+                outs.append(f.future.result())
+                lengths.append(f.length)
+                cut.append(f.truncated)
+                unknown.append(f.unknown)
+        self.tally(self._series(self.metrics.pairs, name), len(outs))
         levels = model.labels
-        for c in outputs:
-            self.tally(self._series(self.metrics.levels, name, levels[c.output.level]), 1)
-        return Scored(
-            [c.output for c in outputs],
-            [c.length for c in outputs],
-            [c.truncated for c in outputs],
-            levels,
-            name,
-            [c.unknown for c in outputs],
-        )
+        series = self._level_series.get(name)
+        if series is None or series[0] is not levels:
+            series = self._level_series[name] = (levels, [self._series(self.metrics.levels, name, lv) for lv in levels])
+        t, by_level = self._tally, series[1]
+        if not t:
+            asyncio.get_running_loop().call_soon(self._count_tally)
+        for o in outs:
+            s = by_level[o.level]
+            t[s] = t.get(s, 0) + 1
+        return Scored(outs, lengths, cut, levels, name, unknown)
 
     def tally(self, series: Any, n: int) -> None:
         """Add `n` to a metric series at the end of this turn of the event loop: one locked increment a

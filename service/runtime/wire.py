@@ -38,6 +38,7 @@ class Channel(asyncio.Protocol):
         self.on_frame = on_frame
         self.on_close = on_close
         self.transport: asyncio.Transport | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None  # get_running_loop costs a getpid call on 3.11
         self._buf = bytearray()
         self._out: list[bytes] = []  # frames sent in this turn of the event loop: one write for them all
         self._lists: dict[str, list] = {}  # items of this turn's one frame per op (send_item)
@@ -45,6 +46,7 @@ class Channel(asyncio.Protocol):
 
     def connection_made(self, transport) -> None:
         self.transport = transport
+        self._loop = asyncio.get_running_loop()
 
     def data_received(self, data: bytes) -> None:
         buf = self._buf
@@ -77,14 +79,14 @@ class Channel(asyncio.Protocol):
         """Queue a frame; the frames of one turn of the event loop go out in one write (one system call
         for the replies to a whole batch)."""
         if not self._out and not self._lists:
-            asyncio.get_running_loop().call_soon(self._flush)
+            (self._loop or asyncio.get_running_loop()).call_soon(self._flush)
         self._out.append(pack(frame))
 
     def send_item(self, op: str, item: tuple) -> None:
         """Queue `item` for the one `(op, 0, [items])` frame of this turn of the event loop: the requests
         (or replies) of a turn cross as one frame, unpacked by one `marshal.loads`."""
         if not self._out and not self._lists:
-            asyncio.get_running_loop().call_soon(self._flush)
+            (self._loop or asyncio.get_running_loop()).call_soon(self._flush)
         if (items := self._lists.get(op)) is None:
             items = self._lists[op] = []
         items.append(item)

@@ -6,6 +6,7 @@ core's spans and queue."""
 from __future__ import annotations
 
 import asyncio
+import sys
 
 import pytest
 
@@ -182,3 +183,15 @@ def test_tokens_of_a_reloaded_generation_are_stale_and_the_front_tokenises_again
         return True
 
     assert linked(tmp_path, tiny_checkpoint, body, with_core=True)
+
+
+def test_the_core_s_loop_is_uvloop_where_installed_and_asyncio_s_without(monkeypatch):
+    from service.runtime.core import run_loop
+
+    async def kind():
+        return type(asyncio.get_running_loop()).__module__
+
+    uvloop = pytest.importorskip("uvloop")
+    assert run_loop(kind()).startswith(uvloop.__name__)
+    monkeypatch.setitem(sys.modules, "uvloop", None)  # not installed: import fails
+    assert run_loop(kind()).startswith("asyncio")
