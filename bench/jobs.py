@@ -11,17 +11,18 @@ so that neither the cache nor duplicate folding nor single flight saves any work
       a share of `qtrel score`'s pairs/s, so that the live traffic leaves capacity to fill), without and with
       a job of --job-pairs (100k) running, in rounds whose order alternates: p50 and p99 (targets: within
       1.15x and 1.3x of the run without the job) and the job's share of the capacity they leave (target >=
-      80%). With the job's own model processes (job_processes idle, the default on cpu) in CPU seconds, since
-      an idle-priority forward's wall time counts the time live work kept it waiting:
+      80%). With the job's own process (job_processes idle, the default on cpu: the job driver, which does all
+      of the job's work, reading, tokenising, forwarding and writing) in CPU seconds, since an idle-priority
+      process's wall time counts the time live work kept it waiting:
           left  = cores x seconds - live CPU seconds (server and clients in the run without the job, per
                   request, times the requests served with it)
-          share = CPU seconds of the job's model processes / left
+          share = CPU seconds of the job driver / left
       On the live processes (--job-processes shared) in model-process seconds from the server's
       qtrel_inference_seconds (every forward, live or job), as before:
           left  = model processes x seconds - live forward seconds (without the job, per request, x requests)
           share = (forward seconds with the job - live forward seconds) / left
   Each phase reports the CPU seconds of the clients (this process), of the server (every process of it) and of
-  the job's model processes; `extra_cpu_share` (both modes) is all the CPU spent beyond the live traffic's / left.
+  the job driver; `extra_cpu_share` (both modes) is all the CPU spent beyond the live traffic's / left.
 
   python bench/jobs.py                  # the full measurement: < 8 min on 2 vCPUs (Zen 4, builtin:default)
   python bench/jobs.py --job-chunk-rows 500   # the live phase with a gentler job (batches of ~1024 tokens)
@@ -108,7 +109,7 @@ class Serve:
         return cpu_seconds(self.proc.pid)
 
     def job_cpu(self) -> dict[int, float]:
-        """CPU seconds of each of the job's own model processes now up (none with job_processes shared)."""
+        """CPU seconds of the job driver, if one is up (none with job_processes shared)."""
         pids = (httpx.get(self.url + "/info", timeout=30).json().get("job_processes") or {}).get("pids", [])
         return {pid: own_cpu_seconds(pid) for pid in pids}
 
