@@ -26,6 +26,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import httpx
 from harness.clients import Http, closed_loop, open_loop
 from harness.data import one_pair_bodies, read_dev, tiny_checkpoint
 from harness.machine import isa, isa_line
@@ -52,9 +53,10 @@ async def window(
         else:
             task = asyncio.ensure_future(open_loop(http, base + "/score", bodies, rate, end, OPEN_CAP))
         await asyncio.sleep(warmup)
-        t0, c0, me0 = time.perf_counter(), split_cpu(root), time.process_time()
+        t0, c0, me0, b0 = time.perf_counter(), split_cpu(root), time.process_time(), await batches(base)
         records = await task
         wall, c1, me1 = time.perf_counter() - t0, split_cpu(root), time.process_time()
+        b1 = await batches(base)
     lat = sorted(done - start for start, done, _, status in records if start >= t0 and status == 200)
     n = len(lat)
     return {
@@ -64,7 +66,19 @@ async def window(
         "http_ms_per_pair": 1e3 * (c1[0] - c0[0]) / n,
         "model_ms_per_pair": 1e3 * (c1[1] - c0[1]) / n,
         "client_ms_per_pair": 1e3 * (me1 - me0) / n,
+        "pairs_per_batch": (b1[1] - b0[1]) / max(1, b1[0] - b0[0]),  # the server's own, the warm-up's last included
     }
+
+
+async def batches(base: str) -> tuple[float, float]:
+    """The server's batches so far and the pairs in them (its qtrel_batch_pairs histogram)."""
+    out = [0.0, 0.0]
+    text = (await asyncio.to_thread(httpx.get, base + "/metrics", timeout=60)).text
+    for line in text.splitlines():
+        for i, name in enumerate(("qtrel_batch_pairs_count", "qtrel_batch_pairs_sum")):
+            if line.startswith(name + "{") or line.startswith(name + " "):
+                out[i] += float(line.rsplit(" ", 1)[1])
+    return out[0], out[1]
 
 
 def worktree(rev: str, into: Path) -> Path:

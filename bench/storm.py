@@ -3,7 +3,6 @@
   python bench/stress.py killstorm            # SIGKILL a random model process every 3 s for 30 s, 16 clients
   python bench/stress.py killstorm --kill fronts --http-workers 2 --every 12 --storm 60   # front processes
   python bench/stress.py soak --seconds 1800  # 30 minutes of mixed traffic; --seconds 60 for a short run
-  python bench/stress.py goodput --clients 4 --queue-pairs 1000   # capacity, then 4x offered load
 
 The clients are aiohttp (one event loop, little CPU beside the server's); every figure is counted by
 the client and cross-checked with the server's own metrics.
@@ -21,7 +20,7 @@ from pathlib import Path
 
 import aiohttp
 import httpx
-from harness.live import Server, pct, statuses, title
+from harness.live import Server, statuses, title
 from harness.loadlog import Log, post, summary
 
 OPEN_CAP = 512  # requests in flight at most in an open loop, as load.py's
@@ -271,118 +270,6 @@ def add_arguments(p) -> None:
     p.add_argument("--burst-every", type=float, default=20.0, help="soak: seconds between overload bursts")
     p.add_argument("--open-loop", action="store_true", help="goodput: the 4x phase as an open loop at 4x capacity")
     p.add_argument("--server-args", default="", help="goodput, slow: extra `qtrel serve` arguments, space-separated")
-
-
-# --- overload goodput -----------------------------------------------------------------------------
-async def goodput(a) -> dict:
-    """Capacity first: `a.clients` closed-loop clients of 50-title requests, enough to keep the model
-    busy and few enough that nothing is refused. Then 4x as many, each retrying 50 ms after a 429 (harsher
-    than following Retry-After): the pairs actually served against capacity, the accepted requests' p99,
-    and what a 429 cost."""
-    # The cache off and distinct titles in every request: goodput is the model's, not the cache's or single
-    # flight's (a resent body in flight twice is computed once).
-    srv = Server(
-        a.model,
-        "--max-queue-pairs",
-        str(a.queue_pairs),
-        "--max-pairs-per-request",
-        "50",
-        "--cache-mb",
-        "0",
-        *a.server_args.split(),
-    )
-    try:
-        srv.wait_ready()
-        rng = random.Random(6)
-
-        def fresh() -> str:
-            return json.dumps({"query": title(rng), "titles": [title(rng) for _ in range(50)]})
-
-        async def phase(clients: int, seconds: float) -> tuple[dict, list[float]]:
-            log, refused = Log(), []
-            stop = time.monotonic() + seconds
-
-            async def client(s: aiohttp.ClientSession) -> None:
-                while time.monotonic() < stop:
-                    t0 = time.perf_counter()
-                    async with s.post(
-                        srv.url + "/score", data=fresh(), headers={"content-type": "application/json"}
-                    ) as r:
-                        await r.read()
-                    dt = time.perf_counter() - t0
-                    log.add(r.status, dt, 50)
-                    if r.status == 429:
-                        refused.append(dt)
-                        await asyncio.sleep(0.05)
-
-            async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as s:
-                await asyncio.gather(*(client(s) for _ in range(clients)))
-            return summary(log.rows, seconds), refused
-
-        async def open_loop(rate: float, seconds: float) -> tuple[dict, list[float]]:
-            """Requests sent at `rate` a second whatever the answers take (at most OPEN_CAP in flight)."""
-            log, refused = Log(), []
-            tasks: set[asyncio.Task] = set()
-
-            async def one(s: aiohttp.ClientSession) -> None:
-                t0 = time.perf_counter()
-                try:
-                    async with s.post(
-                        srv.url + "/score", data=fresh(), headers={"content-type": "application/json"}
-                    ) as r:
-                        await r.read()
-                    status: int | str = r.status
-                except (TimeoutError, aiohttp.ClientError) as e:
-                    status = type(e).__name__
-                dt = time.perf_counter() - t0
-                log.add(status, dt, 50)
-                if status == 429:
-                    refused.append(dt)
-
-            async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as s:
-                t0 = time.monotonic()
-                n = 0
-                while (now := time.monotonic()) < t0 + seconds:
-                    if len(tasks) < OPEN_CAP:
-                        task = asyncio.create_task(one(s))
-                        tasks.add(task)
-                        task.add_done_callback(tasks.discard)
-                    n += 1
-                    await asyncio.sleep(max(0.0, t0 + n / rate - now))
-                await asyncio.gather(*tasks)
-            # goodput: the pairs answered within the window; latencies: every request's, the late ones' too
-            within = summary(log.window(t0, t0 + seconds), seconds)
-            every = summary(log.rows, seconds)
-            return {
-                **every,
-                "pairs_per_s": within["pairs_per_s"],
-                "answered_after_window": len(log.rows) - len(log.window(t0, t0 + seconds)),
-            }, refused
-
-        await phase(a.clients, 3)  # warm
-        cap, _ = await phase(a.clients, a.seconds)
-        if a.open_loop:  # 4x capacity's requests a second, each sent whatever the answers take
-            rate = 4 * (cap["pairs_per_s"] or 1.0) / 50
-            over, refused = await open_loop(rate, a.seconds)
-            over = {"requests_per_s": round(rate, 2), **over}
-        else:
-            over, refused = await phase(4 * a.clients, a.seconds)
-            over = {"clients": 4 * a.clients, **over}
-        return {
-            "scenario": "goodput",
-            "seconds": a.seconds,
-            "max_queue_pairs": a.queue_pairs,
-            "open_loop": a.open_loop,
-            "extra_server_args": a.server_args,
-            "capacity": {"clients": a.clients, **cap},
-            "overload_4x": over,
-            "goodput_share_of_capacity": round(over["pairs_per_s"] / cap["pairs_per_s"], 3),
-            "refusal_p50_ms": pct(refused, 0.5),
-            "refusal_p99_ms": pct(refused, 0.99),
-            "folded_pairs": srv.metric("qtrel_duplicates_folded_total"),  # ~0: every pair distinct
-        }
-    finally:
-        srv.stop()
 
 
 if __name__ == "__main__":

@@ -34,12 +34,13 @@ from pathlib import Path
 
 import aiohttp
 import httpx
+from goodput import goodput
 from harness.data import tiny_checkpoint
 from harness.live import Server, pct, statuses, title
 from harness.publish import quick_dir
 from reload import add_arguments as add_reload_arguments
 from reload import reload, shadow
-from storm import add_arguments, goodput, killstorm, soak
+from storm import add_arguments, killstorm, soak
 
 
 # --- overload -------------------------------------------------------------------------------------
@@ -184,6 +185,7 @@ async def slowloris(port: int, open_conns: list, stop: float, body_len: int = 40
 SERVER_SERIES = (
     "qtrel_inference_seconds_",
     "qtrel_batch_pairs_",
+    "qtrel_batch_tokens_",
     "qtrel_tokenize_seconds_",
     "qtrel_queue_seconds_",
     "qtrel_dropped_pairs_total",

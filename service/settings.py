@@ -166,9 +166,10 @@ class Settings(BaseSettings):
     max_batch_ms: float = Field(
         50.0,
         ge=0,
-        description="a batch holds about this much of one model process's work, at the model's measured rate, "
-        "so that a big request (or one whose client has gone) holds a process this long at most before small "
-        "requests get their turn; within max_batch_tokens. 0: batches bounded by max_batch_tokens only",
+        description="while a request bigger than about this much of one model process's work (at the model's "
+        "measured rate) is queued, a batch holds this much work at most, so that a big request (or one whose client "
+        "has gone) holds a process this long at most before small requests get their turn; small requests alone "
+        "fill a batch whole up to max_batch_tokens. 0: batches bounded by max_batch_tokens only",
     )
 
     # --- the pair-score cache ---

@@ -11,17 +11,19 @@ Two priority classes: "high" (interactive, the default) always goes first; "low"
 request that says so) forms batches only when no high work is queued, so that it fills the model processes
 live traffic leaves idle and yields within one batch. A batch holds one class.
 
-Given a `pace` (service.runtime.pace: the model's measured rate), a batch is also bounded in time: it holds
-about `max_batch_s` of work for one process, so that a big request (or one whose client is gone) holds a
-process for that long at most before a small one gets its turn. Admission is bounded by items and tokens
-outstanding and, once the rate is measured, by the expected wait: work whose queue ahead (what would be
-served before it) would take longer than `max_queue_wait_s` is refused, with a Retry-After from the rate.
+Given a `pace` (service.runtime.pace: the model's measured rate), a batch is also bounded in time while a
+request bigger than about `max_batch_s` of one process's work is queued: it holds that much work at most,
+so that a big request (or one whose client is gone) holds a process for that long at most before a small
+one gets its turn. Small requests alone fill a batch up to max_batch_tokens: each is served whole in its
+turn, and splitting them would only add each batch's fixed cost (docs/batcher-bench.md).
+Admission is bounded by items and tokens outstanding and, once the rate is measured, by the expected wait:
+work whose queue ahead (what would be served before it) would take longer than `max_queue_wait_s` is
+refused, with a Retry-After from the rate.
 """
 
 from __future__ import annotations
 
 import asyncio
-import heapq
 import logging
 import time
 from collections import deque
@@ -41,7 +43,7 @@ from service.runtime.batching import (
     NoObserver,
     Overloaded,
     due,
-    order,
+    form_batch,
     padded_tokens,
     plan_batch,
     priority_of,
@@ -218,10 +220,11 @@ class Batcher:
         loop = self._task.get_loop() if self._task else asyncio.get_running_loop()  # get_running_loop: a getpid
         futures = []
         now = time.monotonic()
-        rank = due(self._clock, sum(n for n, _ in work))
+        tokens = sum(n for n, _ in work)
+        rank = due(self._clock, tokens)
         for length, payload in work:
             fut = loop.create_future()
-            it = Item(length, payload, fut, deadline, now, trace, tag, rank, priority)
+            it = Item(length, payload, fut, deadline, now, trace, tag, rank, priority, tokens)
             self._pending.append(it)
             self._count(it, 1)
             futures.append(fut)
@@ -292,7 +295,8 @@ class Batcher:
                 self._obs.dropped("deadline", len(late))
 
     def batch_tokens(self) -> int:
-        """The padded tokens a batch may hold now: max_batch_tokens, or about max_batch_s of one process's work."""
+        """A time-bounded batch's padded tokens now (and the work of a request bigger than one): max_batch_tokens,
+        or about max_batch_s of one process's work."""
         if self.pace is None or self.max_batch_s <= 0:
             return self.max_batch_tokens
         return self.pace.batch_tokens(self.max_batch_s, self.max_batch_tokens)
@@ -331,11 +335,7 @@ class Batcher:
                     self.pace.idle()
                 self._slots.release()
                 continue
-            window = heapq.nsmallest(self.max_batch_size * 4, self._pending, key=order)
-            first = window[0]  # a batch holds one class, and draws on the work due within one batch of the first:
-            # mixing in later requests' items of a similar length would make every request wait for all of them
-            window = [it for it in window if it.priority == first.priority and it.rank <= first.rank + budget]
-            batch = plan_batch(window, budget, self.max_batch_size)
+            batch = form_batch(self._pending, budget, self.max_batch_tokens, self.max_batch_size)
             chosen = set(map(id, batch))
             self._pending = deque(it for it in self._pending if id(it) not in chosen)
             now = time.monotonic()

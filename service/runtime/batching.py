@@ -5,6 +5,7 @@ queue, a tracer of batches, the meter of the model's pace). Like the batcher, it
 from __future__ import annotations
 
 import asyncio
+import heapq
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -101,6 +102,7 @@ class Item:
     tag: str | None = None  # the submitter's name for its work (a request id), for logs only
     rank: float = 0.0  # the order batches are formed in: its request's tag (`due`), then arrival
     priority: int = HIGH  # index in PRIORITIES: a lower class waits for the higher one
+    work: int = 0  # its request's tokens, every item of it together: a request this big is split across batches
 
 
 def order(it: Item) -> tuple[int, float]:
@@ -132,3 +134,17 @@ def plan_batch(window: Sequence[Item], max_tokens: int, max_size: int) -> list[I
             batches.append([])
         batches[-1].append(it)
     return next(b for b in batches if any(it is oldest for it in b))
+
+
+def form_batch(pending: Sequence[Item], split_tokens: int, max_tokens: int, max_size: int) -> list[Item]:
+    """The next batch from the queue, of the class of the item due first. While a big request (more than
+    `split_tokens`, one time-bounded batch: `Item.work`) is queued, the batch is time-bounded: `split_tokens`
+    padded tokens of the work due within that much of the first item (a big request's items beside a later
+    one's of a similar length would make each wait for both). With small requests alone, none waits behind a
+    big one: the batch takes them whole up to `max_tokens`, as splitting them would only add fixed costs."""
+    window = heapq.nsmallest(max_size * 4, pending, key=order)
+    first = window[0]
+    window = [it for it in window if it.priority == first.priority]
+    if all(it.work <= split_tokens for it in window):
+        return plan_batch(window, max_tokens, max_size)
+    return plan_batch([it for it in window if it.rank <= first.rank + split_tokens], split_tokens, max_size)

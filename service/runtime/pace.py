@@ -15,11 +15,13 @@ import time
 
 DECAY = 0.95  # per finished batch: the rate is about the last 20 batches'
 MIN_SAMPLES = 3  # intervals measured before the rate is trusted
-# A batch bounded in time still holds at least this share of max_batch_tokens (512 of 8192). Below it a forward's
-# fixed cost (the pipe, Python, the kernels' start) dominates; batches that small lower the measured rate, which
-# shrinks them further: on a 2-vCPU Zen 4 under a load average of 10, batches fell to one pair and the served
-# rate to 0.56x (docs/batcher-bench.md).
-MIN_BATCH_SHARE = 1 / 16
+# A batch bounded in time still holds at least this share of max_batch_tokens (768 of 8192, ~24 dev pairs). Below it
+# a forward's fixed cost (the pipe, Python, the kernels' start) shows: on a 2-vCPU Zen 4 the built-in model takes
+# 3.0 ms a pair in batches of 16 and 2.7-2.8 from 24 on. Batches that small also lower the measured rate, which
+# shrinks them further: under a load average of 10, batches fell to one pair and the served rate to 0.56x; and
+# with the floor at 512 tokens, overload's batches (at the floor) were smaller than the capacity phase's, so
+# goodput fell with them (docs/batcher-bench.md). At the floor a batch's size no longer follows the rate.
+MIN_BATCH_SHARE = 3 / 32
 
 
 class Pace:

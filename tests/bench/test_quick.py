@@ -32,13 +32,14 @@ RUNS: dict[str, str | None] = {
     "stress.py overload": None,
     "stress.py killstorm": None,
     "stress.py reload": None,
+    "stress.py goodput": None,
     "fronts.py": None,
     "jobs.py": None,
     "arch_speed.py": None,
     "zh_speed.py": None,
 }
 # imported by the others, run through stress.py: no --quick of their own
-HELPERS = {"storm.py", "reload.py"}
+HELPERS = {"storm.py", "reload.py", "goodput.py"}
 
 
 def test_every_maintained_script_has_a_quick_run():

@@ -8,7 +8,7 @@ import time
 import pytest
 
 from service.runtime.batcher import Batcher, Closed, DeadlineExceeded, Item, Overloaded, padded_tokens, plan_batch
-from service.runtime.batching import HIGH, LOW
+from service.runtime.batching import HIGH, LOW, form_batch
 from service.runtime.pace import Pace
 
 
@@ -232,7 +232,7 @@ def test_pace_knows_nothing_until_measured_and_ignores_idle_time():
     assert pace.rate == pytest.approx(1000, rel=0.01)
     assert pace.seconds(2000) == pytest.approx(2.0, rel=0.01)
     assert pace.batch_tokens(0.05, 256) == 25  # 1000 tokens/s over 2 processes, 50 ms of one's work
-    assert pace.batch_tokens(0.05, 8192) == 512  # but never below a 16th of the most: fixed costs would dominate
+    assert pace.batch_tokens(0.05, 8192) == 768  # but never below 3/32 of the most: fixed costs would show
     assert pace.retry_after(3500, 1.0) == 3  # 3.5 s of work to bring down to 1 s
 
 
@@ -353,3 +353,21 @@ def test_equal_requests_finish_in_arrival_order_not_all_at_the_end():
         await b.stop()
 
     asyncio.run(main())
+
+
+def test_the_time_bound_holds_while_a_big_request_is_queued_and_small_ones_alone_fill_a_batch():
+    loop = asyncio.new_event_loop()
+
+    def request(n: int, length: int, rank: float) -> list[Item]:  # one request's items, as Batcher.submit tags them
+        return [Item(length, (rank, i), loop.create_future(), None, rank=rank, work=n * length) for i in range(n)]
+
+    ones = [it for r in range(40) for it in request(1, 10, 10 + r * 30)]  # 40 one-pair requests, over 12 batches' time
+    # split_tokens 50 (e.g. 50 ms at 1,000 tokens/s): small requests alone fill the batch to max_tokens, whole
+    assert len(form_batch(ones, split_tokens=50, max_tokens=1000, max_size=100)) == 40
+    assert len(form_batch(ones, split_tokens=50, max_tokens=200, max_size=100)) == 20  # max_tokens still binds
+    big = request(200, 10, 2000.0)  # 2,000 tokens: 40 time-bounded batches' worth
+    assert len(form_batch(big, split_tokens=50, max_tokens=1000, max_size=100)) == 5  # 50 tokens of it
+    # while it is queued, every batch is time-bounded: a small request behind one waits one short batch at most
+    assert len(form_batch(ones + big, split_tokens=50, max_tokens=1000, max_size=100)) == 2  # due within 50 tokens
+    assert len(form_batch(request(200, 10, 5.0) + ones, split_tokens=50, max_tokens=1000, max_size=100)) == 5
+    loop.close()
