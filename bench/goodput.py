@@ -102,7 +102,7 @@ async def goodput(a) -> dict:
                 refused.append(dt)
 
         async def phase(clients: int, seconds: float) -> tuple[dict, list[float]]:
-            log, refused = Log(), []
+            log, refused = Log(), list[float]()
             stop = time.monotonic() + seconds
 
             async def client(s: aiohttp.ClientSession) -> None:
@@ -122,7 +122,7 @@ async def goodput(a) -> dict:
 
         async def open_loop(rate: float, seconds: float) -> tuple[dict, list[float]]:
             """Requests sent at `rate` a second whatever the answers take (at most OPEN_CAP in flight)."""
-            log, refused = Log(), []
+            log, refused = Log(), list[float]()
             tasks: set[asyncio.Task] = set()
             before = await asyncio.to_thread(snapshot, srv)
             async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as s:
