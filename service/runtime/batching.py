@@ -5,11 +5,15 @@ queue, a tracer of batches, the meter of the model's pace). Like the batcher, it
 from __future__ import annotations
 
 import asyncio
+import bisect
 import heapq
+import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
+
+log = logging.getLogger("qtrel.batcher")
 
 PRIORITIES = ("high", "low")  # the classes, first served first; an item's `priority` is its index here
 HIGH, LOW = 0, 1
@@ -148,3 +152,56 @@ def form_batch(pending: Sequence[Item], split_tokens: int, max_tokens: int, max_
     if all(it.work <= split_tokens for it in window):
         return plan_batch(window, max_tokens, max_size)
     return plan_batch([it for it in window if it.rank <= first.rank + split_tokens], split_tokens, max_size)
+
+
+class Behind:
+    """One class's queued tokens by tag, so that what a new request is not behind (its class's work due after
+    its tag) is a bisection, not a walk of the queue: built once per change of the queue (Batcher._wait_ahead)."""
+
+    __slots__ = ("ranks", "after")
+
+    def __init__(self, pending: Iterable[Item], priority: int):
+        mine = sorted((it.rank, it.length) for it in pending if it.priority == priority)
+        self.ranks = [r for r, _ in mine]
+        self.after = [0] * (len(mine) + 1)  # after[i]: the tokens of mine[i:]
+        for i in range(len(mine) - 1, -1, -1):
+            self.after[i] = self.after[i + 1] + mine[i][1]
+
+    def tokens_after(self, last: float) -> int:
+        return self.after[bisect.bisect_right(self.ranks, last)]
+
+
+def admission_table(refusal: Callable[[int], Overloaded | None], most: int, entries: int) -> tuple[int, list]:
+    """What `refusal(k)` answers for k = 1..most, given that it is monotone (the work ahead of k pairs grows
+    with k, and so do the refusal's wait and Retry-After): (end, [(first k, refusal), ...]), each refusal
+    standing from its first k to the next one's, the last one's up to `end`; at most `entries` of them (the
+    rest, up to most, left out: end < most). (most, []) if none is refused."""
+    lo, hi = 1, most + 1  # the first refused k: lo..hi
+    while lo < hi:
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if refusal(mid) is not None else (mid + 1, hi)
+    table: list[tuple[int, Overloaded]] = []
+    k = lo
+    while k <= most and len(table) < entries:
+        r = refusal(k)
+        assert r is not None
+        same = (r.reason, r.retry_after, str(r))
+        lo, hi = k, most  # the last k with the same refusal
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            m = refusal(mid)
+            lo, hi = (mid, hi) if m is not None and (m.reason, m.retry_after, str(m)) == same else (lo, mid - 1)
+        table.append((k, r))
+        k = lo + 1
+    return k - 1 if table else most, table
+
+
+def trace_batch(
+    tracer: BatchTracer, batch: Sequence[Item], started: float, ended: float, error: BaseException | None
+) -> None:
+    """Tell the tracer a traced batch's timings; tracing never fails a batch."""
+    try:
+        lengths = [it.length for it in batch]
+        tracer.batch([it.trace for it in batch], [it.enqueued for it in batch], started, ended, lengths, error)
+    except Exception as e:
+        log.warning("batch tracer failed: %s", e)
