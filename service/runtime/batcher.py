@@ -35,13 +35,13 @@ from service.runtime.batching import (
     PRIORITIES,
     BatchObserver,
     BatchTracer,
-    Behind,
     Closed,
     DeadlineExceeded,
     Item,
     Meter,
     NoObserver,
     Overloaded,
+    Queued,
     admission_table,
     due,
     form_batch,
@@ -96,7 +96,7 @@ class Batcher:
         self.max_queue_tokens = max_queue_tokens
         self._obs = observer or NoObserver()
         self._pending: deque[Item] = deque()
-        self._behind: dict[int, Behind] = {}  # per class, while the queue is unchanged (cleared on a change)
+        self._queued = Queued(len(PRIORITIES))  # its tokens per class and tag
         self._wake = asyncio.Event()
         self._report_due = False
         # Per class (PRIORITIES): admitted and not yet resolved (queued + on the device), and on the device.
@@ -137,9 +137,7 @@ class Batcher:
         """Tokens queued ahead of a new request of this class whose tag would be `last`: the higher class's, and its
         own class's due before it. A batch on a model process is not queued: it holds one for ~max_batch_ms at most."""
         ahead = sum(self._tokens[c] - self._flying_tokens[c] for c in range(priority + 1))
-        if (behind := self._behind.get(priority)) is None:  # one walk of the queue while it does not change
-            behind = self._behind[priority] = Behind(self._pending, priority)
-        return ahead - behind.tokens_after(last)
+        return ahead - self._queued.after(priority, last)
 
     def refusal(self, items: int = 1, tokens: int = 0, priority: int = HIGH) -> Overloaded | None:
         """Why `items` more of this class (and `tokens`, if known) could not be admitted now; None if they can."""
@@ -189,9 +187,10 @@ class Batcher:
         for it in self._pending:
             if it.priority != HIGH and id(it.future) in wanted:
                 self._count(it, -1)
+                self._queued.take([it])
                 it.priority = HIGH
                 self._count(it, 1)
-        self._behind.clear()
+                self._queued.put(HIGH, it.rank, it.length)
         self._report()
 
     def _count(self, it: Item, sign: int) -> None:
@@ -236,7 +235,7 @@ class Batcher:
             self._pending.append(it)
             self._count(it, 1)
             futures.append(fut)
-        self._behind.clear()
+        self._queued.put(priority, rank, tokens)
         self._idle.clear()
         if report:
             self._report()
@@ -273,7 +272,7 @@ class Batcher:
             if not it.future.done():
                 it.future.set_exception(Closed("the service is shutting down"))
         self._pending.clear()
-        self._behind.clear()
+        self._queued = Queued(len(PRIORITIES))
 
     # --- the loop -----------------------------------------------------------------------------
     def _release(self, items: Sequence[Item]) -> None:
@@ -299,7 +298,7 @@ class Batcher:
             else:
                 keep.append(it)
         self._pending = keep
-        self._behind.clear()
+        self._queued.take(gone + late)
         self._release(gone + late)
         if gone:
             self._obs.dropped("cancelled", len(gone))
@@ -351,7 +350,7 @@ class Batcher:
             batch = form_batch(self._pending, budget, self.max_batch_tokens, self.max_batch_size)
             chosen = set(map(id, batch))
             self._pending = deque(it for it in self._pending if id(it) not in chosen)
-            self._behind.clear()
+            self._queued.take(batch)
             now = time.monotonic()
             self._clock += sum(it.length for it in batch)
             self._flying[batch[0].priority] += len(batch)

@@ -154,21 +154,36 @@ def form_batch(pending: Sequence[Item], split_tokens: int, max_tokens: int, max_
     return plan_batch([it for it in window if it.rank <= first.rank + split_tokens], split_tokens, max_size)
 
 
-class Behind:
-    """One class's queued tokens by tag, so that what a new request is not behind (its class's work due after
-    its tag) is a bisection, not a walk of the queue: built once per change of the queue (Batcher._wait_ahead)."""
+class Queued:
+    """The tokens queued per class and tag (a request's items share one), kept as items come and go, so that
+    the work of a class due after a tag is a bisection of a sorted copy made once per change of the queue,
+    not a walk of the queue (Batcher._wait_ahead: several times a request under overload)."""
 
-    __slots__ = ("ranks", "after")
+    def __init__(self, classes: int):
+        self.by_tag: list[dict[float, int]] = [{} for _ in range(classes)]
+        self.sorted: list[tuple[list[float], list[int]] | None] = [None] * classes
 
-    def __init__(self, pending: Iterable[Item], priority: int):
-        mine = sorted((it.rank, it.length) for it in pending if it.priority == priority)
-        self.ranks = [r for r, _ in mine]
-        self.after = [0] * (len(mine) + 1)  # after[i]: the tokens of mine[i:]
-        for i in range(len(mine) - 1, -1, -1):
-            self.after[i] = self.after[i + 1] + mine[i][1]
+    def put(self, priority: int, tag: float, tokens: int) -> None:
+        d = self.by_tag[priority]
+        if left := d.get(tag, 0) + tokens:
+            d[tag] = left
+        else:
+            d.pop(tag, None)
+        self.sorted[priority] = None
 
-    def tokens_after(self, last: float) -> int:
-        return self.after[bisect.bisect_right(self.ranks, last)]
+    def take(self, items: Iterable[Item]) -> None:
+        for it in items:
+            self.put(it.priority, it.rank, -it.length)
+
+    def after(self, priority: int, tag: float) -> int:
+        """The tokens of this class queued with a tag after `tag`."""
+        if (got := self.sorted[priority]) is None:
+            tags = sorted(self.by_tag[priority])
+            after = [0] * (len(tags) + 1)  # after[i]: the tokens of tags[i:]
+            for i in range(len(tags) - 1, -1, -1):
+                after[i] = after[i + 1] + self.by_tag[priority][tags[i]]
+            got = self.sorted[priority] = (tags, after)
+        return got[1][bisect.bisect_right(got[0], tag)]
 
 
 def admission_table(refusal: Callable[[int], Overloaded | None], most: int, entries: int) -> tuple[int, list]:
