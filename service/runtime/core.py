@@ -130,7 +130,7 @@ class Link:
         for batcher in turn.touched:
             batcher.report()
         self.core.push_full()
-        self.core.push_admit()
+        self.core.push_admit(now=bool(turn.touched))  # work was queued: the fronts hear it before the next frame
 
     def _reply(self, rid: int, error: BaseException | None, scored) -> None:
         self.pending.pop(rid, None)
@@ -285,12 +285,13 @@ class CoreServer:
                 models[m.name] = (end, [(k, dump_error(r)) for k, r in table])
         return {"cache": e.cache.enabled, "models": models} if models else None
 
-    def push_admit(self) -> None:
-        """Tell every front the admission table when it changed, working it out at most every ADMIT_EVERY_S."""
-        now = time.monotonic()
-        if now - self._admit_at < ADMIT_EVERY_S:
+    def push_admit(self, now: bool = False) -> None:
+        """Tell every front the admission table when it changed, working it out at most every ADMIT_EVERY_S
+        unless `now` (work was just queued)."""
+        t = time.monotonic()
+        if not now and t - self._admit_at < ADMIT_EVERY_S:
             return
-        self._admit_at = now
+        self._admit_at = t
         if (admit := self.admission()) != self.admit:
             self.admit = admit
             for link in list(self.links):
