@@ -1,24 +1,23 @@
 """Dynamic batcher: the only owner of the queue.
 
-It knows nothing of HTTP or BERT: it batches items that have a token length. Batches are formed under
-a padded-token budget (longest x count), a size cap and a short wait for the batch to fill; the items
-of a window are sorted by length so that padding stays small, and the batch that holds the item due first
-goes first. The order is fair between requests (`batching.due`): a one-pair request goes into the next batch
-however much a big request just before it queued; equal requests go in arrival order; nothing starves. Work
-whose caller has gone or whose deadline has passed is dropped before it reaches the device.
+It knows nothing of HTTP or BERT: it batches items that have a token length. Batches are formed under a padded-token
+budget (longest x count), a size cap and a short wait for the batch to fill; the items of a window are sorted by
+length so that padding stays small, and the batch that holds the item due first goes first. The order is fair between
+requests (`batching.due`): a one-pair request goes into the next batch however much a big request just before it
+queued; equal requests go in arrival order; nothing starves. Work whose caller has gone or whose deadline has passed
+is dropped before it reaches the device.
 
-Two priority classes: "high" (interactive, the default) always goes first; "low" (score jobs, or a
-request that says so) forms batches only when no high work is queued, so that it fills the model processes
-live traffic leaves idle and yields within one batch. A batch holds one class.
+Two priority classes: "high" (interactive, the default) always goes first; "low" (score jobs, or a request that says
+so) forms batches only when no high work is queued, so that it fills the model processes live traffic leaves idle and
+yields within one batch. A batch holds one class.
 
-Given a `pace` (service.runtime.pace: the model's measured rate), a batch is also bounded in time while a
-request bigger than about `max_batch_s` of one process's work is queued: it holds that much work at most,
-so that a big request (or one whose client is gone) holds a process for that long at most before a small
-one gets its turn. Small requests alone fill a batch up to max_batch_tokens: each is served whole in its
-turn, and splitting them would only add each batch's fixed cost (docs/batcher-bench.md).
-Admission is bounded by items and tokens outstanding and, once the rate is measured, by the expected wait:
-work whose queue ahead (what would be served before it) would take longer than `max_queue_wait_s` is
-refused, with a Retry-After from the rate.
+Given a `pace` (service.runtime.pace: the model's measured rate), a batch is also bounded in time while a request
+bigger than about `max_batch_s` of one process's work is queued: it holds that much work at most, so that a big
+request (or one whose client is gone) holds a process for that long at most before a small one gets its turn. Small
+requests alone fill a batch up to max_batch_tokens: each is served whole in its turn, and splitting them would only
+add each batch's fixed cost (docs/batcher-bench.md). Admission is bounded by items and tokens outstanding and, once
+the rate is measured, by the expected wait: work whose queue ahead (what would be served before it) would take longer
+than `max_queue_wait_s` is refused, with a Retry-After from the rate.
 """
 
 from __future__ import annotations
@@ -42,11 +41,14 @@ from service.runtime.batching import (
     Meter,
     NoObserver,
     Overloaded,
+    Queued,
+    admission_table,
     due,
     form_batch,
     padded_tokens,
     plan_batch,
     priority_of,
+    trace_batch,
 )
 
 # the queue's vocabulary (service.runtime.batching), re-exported: its users import it from here
@@ -94,6 +96,7 @@ class Batcher:
         self.max_queue_tokens = max_queue_tokens
         self._obs = observer or NoObserver()
         self._pending: deque[Item] = deque()
+        self._queued = Queued(len(PRIORITIES))  # its tokens per class and tag
         self._wake = asyncio.Event()
         self._report_due = False
         # Per class (PRIORITIES): admitted and not yet resolved (queued + on the device), and on the device.
@@ -124,26 +127,30 @@ class Batcher:
         return self.pace.retry_after(sum(self._tokens), 0.0) if self.pace else 1.0
 
     def _ahead(self, priority: int) -> tuple[int, int]:
-        """Items and tokens a new request of this class counts against the bounds: its own class and the
-        higher ones, and a lower class's only where it is on the device (queued low work never crowds out
-        high work)."""
+        """Items and tokens a new request of this class counts against the bounds: its own class and the higher
+        ones, and a lower class's only where it is on the device (queued low work never crowds out high work)."""
         if priority == HIGH:
             return self._items[HIGH] + self._flying[LOW], self._tokens[HIGH] + self._flying_tokens[LOW]
         return sum(self._items), sum(self._tokens)
 
     def _wait_ahead(self, priority: int, last: float) -> int:
-        """Tokens queued ahead of a new request of this class whose tag would be `last`: the higher class's,
-        and its own class's due before it. A batch on a model process is not queued: it holds a process for
-        about max_batch_ms at most, as long as every batch does."""
+        """Tokens queued ahead of a new request of this class whose tag would be `last`: the higher class's, and its
+        own class's due before it. A batch on a model process is not queued: it holds one for ~max_batch_ms at most."""
         ahead = sum(self._tokens[c] - self._flying_tokens[c] for c in range(priority + 1))
-        return ahead - sum(it.length for it in self._pending if it.priority == priority and it.rank > last)
+        return ahead - self._queued.after(priority, last)
 
     def refusal(self, items: int = 1, tokens: int = 0, priority: int = HIGH) -> Overloaded | None:
         """Why `items` more of this class (and `tokens`, if known) could not be admitted now; None if they can."""
-        if self._refusal(items, tokens, priority) is None:
-            return None
-        self._prune()  # work whose client has gone, queued until the next batch is formed, is ahead of no one
+        if (refused := self._refusal(items, tokens, priority)) is None or not self._prune():
+            return refused  # (work whose client has gone, queued until the next batch, is ahead of no one)
         return self._refusal(items, tokens, priority)
+
+    def admission(self, most: int, entries: int = 16) -> tuple[int, list[tuple[int, Overloaded]]]:
+        """The refusal of k high pairs before tokenisation, for k = 1..most (batching.admission_table): what
+        the engine core tells its fronts, so that they refuse what it would before tokenising."""
+        if self.refusal(most) is None:
+            return most, []
+        return admission_table(lambda k: self._refusal(k, 0, HIGH), most, entries)
 
     def _refusal(self, items: int, tokens: int, priority: int) -> Overloaded | None:
         n, t = self._ahead(priority)
@@ -156,14 +163,12 @@ class Batcher:
             return None
         mine = tokens or items * max(1, t // max(1, n))  # before tokenisation: the queue's mean length a pair
         t = self._wait_ahead(priority, due(self._clock, mine))
-        wait = self.pace.seconds(t) or 0.0
-        if wait <= limit:
+        if (wait := self.pace.seconds(t) or 0.0) <= limit:
             return None
         detail = f"{wait:.1f}s of work ahead, over max_queue_wait_ms={limit * 1000:g}"
         return Overloaded("wait", self.pace.retry_after(t, limit), detail)
 
-    def full(self) -> bool:
-        """Nothing more can be admitted now: not even one high item."""
+    def full(self) -> bool:  # nothing more can be admitted now: not even one high item
         return self.refusal() is not None
 
     def check_admission(self, items: int, tokens: int = 0, priority: int = HIGH) -> None:
@@ -182,8 +187,10 @@ class Batcher:
         for it in self._pending:
             if it.priority != HIGH and id(it.future) in wanted:
                 self._count(it, -1)
+                self._queued.take([it])
                 it.priority = HIGH
                 self._count(it, 1)
+                self._queued.put(HIGH, it.rank, it.length)
         self._report()
 
     def _count(self, it: Item, sign: int) -> None:
@@ -228,6 +235,7 @@ class Batcher:
             self._pending.append(it)
             self._count(it, 1)
             futures.append(fut)
+        self._queued.put(priority, rank, tokens)
         self._idle.clear()
         if report:
             self._report()
@@ -264,6 +272,7 @@ class Batcher:
             if not it.future.done():
                 it.future.set_exception(Closed("the service is shutting down"))
         self._pending.clear()
+        self._queued = Queued(len(PRIORITIES))
 
     # --- the loop -----------------------------------------------------------------------------
     def _release(self, items: Sequence[Item]) -> None:
@@ -273,9 +282,11 @@ class Batcher:
             self._idle.set()
         self._report()
 
-    def _prune(self) -> None:
-        """Drop items whose caller left or whose deadline passed; they never reach the device."""
+    def _prune(self) -> bool:
+        """Drop items whose caller left or whose deadline passed; they never reach the device. True if any."""
         now = time.monotonic()
+        if not any(it.future.done() or (it.deadline is not None and now >= it.deadline) for it in self._pending):
+            return False
         keep: deque[Item] = deque()
         gone, late = [], []
         for it in self._pending:
@@ -286,13 +297,14 @@ class Batcher:
                 late.append(it)
             else:
                 keep.append(it)
-        if gone or late:
-            self._pending = keep
-            self._release(gone + late)
-            if gone:
-                self._obs.dropped("cancelled", len(gone))
-            if late:
-                self._obs.dropped("deadline", len(late))
+        self._pending = keep
+        self._queued.take(gone + late)
+        self._release(gone + late)
+        if gone:
+            self._obs.dropped("cancelled", len(gone))
+        if late:
+            self._obs.dropped("deadline", len(late))
+        return True
 
     def batch_tokens(self) -> int:
         """A time-bounded batch's padded tokens now (and the work of a request bigger than one): max_batch_tokens,
@@ -338,6 +350,7 @@ class Batcher:
             batch = form_batch(self._pending, budget, self.max_batch_tokens, self.max_batch_size)
             chosen = set(map(id, batch))
             self._pending = deque(it for it in self._pending if id(it) not in chosen)
+            self._queued.take(batch)
             now = time.monotonic()
             self._clock += sum(it.length for it in batch)
             self._flying[batch[0].priority] += len(batch)
@@ -377,24 +390,10 @@ class Batcher:
             self._slots.release()
             t1 = time.monotonic()
             if self._tracer is not None and any(it.trace is not None for it in batch):
-                self._trace(batch, t0, t1, error)
+                trace_batch(self._tracer, batch, t0, t1, error)
             tokens = sum(it.length for it in batch)
             self._flying[batch[0].priority] -= len(batch)
             self._flying_tokens[batch[0].priority] -= tokens
             if self.pace is not None and error is None:
                 self.pace.done(tokens, waiting=bool(self._pending))
             self._release(batch)
-
-    def _trace(self, batch: list[Item], started: float, ended: float, error: BaseException | None) -> None:
-        assert self._tracer is not None
-        try:
-            self._tracer.batch(
-                [it.trace for it in batch],
-                [it.enqueued for it in batch],
-                started,
-                ended,
-                [it.length for it in batch],
-                error,
-            )
-        except Exception as e:  # tracing never fails a batch
-            log.warning("batch tracer failed: %s", e)

@@ -5,11 +5,15 @@ queue, a tracer of batches, the meter of the model's pace). Like the batcher, it
 from __future__ import annotations
 
 import asyncio
+import bisect
 import heapq
+import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
+
+log = logging.getLogger("qtrel.batcher")
 
 PRIORITIES = ("high", "low")  # the classes, first served first; an item's `priority` is its index here
 HIGH, LOW = 0, 1
@@ -148,3 +152,71 @@ def form_batch(pending: Sequence[Item], split_tokens: int, max_tokens: int, max_
     if all(it.work <= split_tokens for it in window):
         return plan_batch(window, max_tokens, max_size)
     return plan_batch([it for it in window if it.rank <= first.rank + split_tokens], split_tokens, max_size)
+
+
+class Queued:
+    """The tokens queued per class and tag (a request's items share one), kept as items come and go, so that
+    the work of a class due after a tag is a bisection of a sorted copy made once per change of the queue,
+    not a walk of the queue (Batcher._wait_ahead: several times a request under overload)."""
+
+    def __init__(self, classes: int):
+        self.by_tag: list[dict[float, int]] = [{} for _ in range(classes)]
+        self.sorted: list[tuple[list[float], list[int]] | None] = [None] * classes
+
+    def put(self, priority: int, tag: float, tokens: int) -> None:
+        d = self.by_tag[priority]
+        if left := d.get(tag, 0) + tokens:
+            d[tag] = left
+        else:
+            d.pop(tag, None)
+        self.sorted[priority] = None
+
+    def take(self, items: Iterable[Item]) -> None:
+        for it in items:
+            self.put(it.priority, it.rank, -it.length)
+
+    def after(self, priority: int, tag: float) -> int:
+        """The tokens of this class queued with a tag after `tag`."""
+        if (got := self.sorted[priority]) is None:
+            tags = sorted(self.by_tag[priority])
+            after = [0] * (len(tags) + 1)  # after[i]: the tokens of tags[i:]
+            for i in range(len(tags) - 1, -1, -1):
+                after[i] = after[i + 1] + self.by_tag[priority][tags[i]]
+            got = self.sorted[priority] = (tags, after)
+        return got[1][bisect.bisect_right(got[0], tag)]
+
+
+def admission_table(refusal: Callable[[int], Overloaded | None], most: int, entries: int) -> tuple[int, list]:
+    """What `refusal(k)` answers for k = 1..most, given that it is monotone (the work ahead of k pairs grows
+    with k, and so do the refusal's wait and Retry-After): (end, [(first k, refusal), ...]), each refusal
+    standing from its first k to the next one's, the last one's up to `end`; at most `entries` of them (the
+    rest, up to most, left out: end < most). (most, []) if none is refused."""
+    lo, hi = 1, most + 1  # the first refused k: lo..hi
+    while lo < hi:
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if refusal(mid) is not None else (mid + 1, hi)
+    table: list[tuple[int, Overloaded]] = []
+    k = lo
+    while k <= most and len(table) < entries:
+        r = refusal(k)
+        assert r is not None
+        same = (r.reason, r.retry_after, str(r))
+        lo, hi = k, most  # the last k with the same refusal
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            m = refusal(mid)
+            lo, hi = (mid, hi) if m is not None and (m.reason, m.retry_after, str(m)) == same else (lo, mid - 1)
+        table.append((k, r))
+        k = lo + 1
+    return k - 1 if table else most, table
+
+
+def trace_batch(
+    tracer: BatchTracer, batch: Sequence[Item], started: float, ended: float, error: BaseException | None
+) -> None:
+    """Tell the tracer a traced batch's timings; tracing never fails a batch."""
+    try:
+        lengths = [it.length for it in batch]
+        tracer.batch([it.trace for it in batch], [it.enqueued for it in batch], started, ended, lengths, error)
+    except Exception as e:
+        log.warning("batch tracer failed: %s", e)

@@ -18,6 +18,11 @@ tokenisation and response shaping, and send the core token ids over a Unix socke
                     ("full", 0, error or None)  admission: every queue full (the Overloaded a request
                                              would meet, as wire.dump_error), or room again; pushed on a
                                              change, so that a front refuses before reading a body
+                    ("admit", 0, {"cache": on, "models": {name: (end, [(k, error), ...])}} or None)  per model,
+                                             the refusal of k high pairs before tokenisation from each k up
+                                             to `end` (Batcher.admission), where some k would be refused:
+                                             a front refuses such a request before tokenising it (at most
+                                             every ADMIT_EVERY_S, on a change)
                     ("collect", id)          the front's metric samples, for a merged /metrics
 
 A frame's requests are taken on the event loop without a task each (service.runtime.scoring: one
@@ -31,6 +36,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Awaitable, Callable, Coroutine
 from functools import partial
 from typing import Any, TypeVar
@@ -49,6 +55,8 @@ STATE_EVERY_S = 0.1  # how often the core looks for a change of state to push to
 # While the fronts refuse (every queue full), how often the core looks whether there is room again: a queue
 # is refused only with ~a second of work ahead (max_queue_wait_ms), so this lag leaves the model no gap.
 FULL_EVERY_S = 0.01
+ADMIT_EVERY_S = 0.01  # how often at most the core works out its admission table for the fronts
+ADMIT_ENTRIES = 16  # refusals in a model's table at most (requests bigger than it covers go to the core)
 COLLECT_TIMEOUT_S = 2.0  # a front that does not answer a metrics collection in time is left out
 T = TypeVar("T")
 CALLS = ("explain", "reload", "info", "model_list", "jobs_wake")  # what a front may call by name
@@ -103,6 +111,8 @@ class Link:
             self.channel.send(("state", 0, self.core.snapshot()))
             if self.core.full is not None:
                 self.channel.send(("full", 0, self.core.full))
+            if self.core.admit is not None:
+                self.channel.send(("admit", 0, self.core.admit))
 
     def _scores(self, requests: list) -> None:
         engine, tracing = self.core.engine, self.core.engine.tracing
@@ -120,6 +130,7 @@ class Link:
         for batcher in turn.touched:
             batcher.report()
         self.core.push_full()
+        self.core.push_admit(now=bool(turn.touched))  # work was queued: the fronts hear it before the next frame
 
     def _reply(self, rid: int, error: BaseException | None, scored) -> None:
         self.pending.pop(rid, None)
@@ -182,6 +193,8 @@ class CoreServer:
         self._last: dict | None = None
         self.full: tuple | None = None  # the admission refusal last pushed (dump_error), None: room
         self._full_soon = False
+        self.admit: dict | None = None  # the admission table last pushed (push_admit)
+        self._admit_at = 0.0
         self._ids = 0
         self.front_samples = FrontSamples()
         # SIGTERM: the fronts' probes say not ready while the requests they hold still reach the engine
@@ -261,15 +274,39 @@ class CoreServer:
         self._full_soon = False
         self.push_full()
 
+    def admission(self) -> dict | None:
+        """What the "admit" frame says: per model whose queue would refuse some request of up to
+        max_pairs_per_request high pairs, the refusals before tokenisation (Batcher.admission); None if none."""
+        e = self.engine
+        most, models = e.settings.max_pairs_per_request, {}
+        for m in e.models:
+            end, table = m.current.batcher.admission(most, ADMIT_ENTRIES)
+            if table:
+                models[m.name] = (end, [(k, dump_error(r)) for k, r in table])
+        return {"cache": e.cache.enabled, "models": models} if models else None
+
+    def push_admit(self, now: bool = False) -> None:
+        """Tell every front the admission table when it changed, working it out at most every ADMIT_EVERY_S
+        unless `now` (work was just queued)."""
+        t = time.monotonic()
+        if not now and t - self._admit_at < ADMIT_EVERY_S:
+            return
+        self._admit_at = t
+        if (admit := self.admission()) != self.admit:
+            self.admit = admit
+            for link in list(self.links):
+                link.channel.send(("admit", 0, admit))
+
     async def _push_changes(self) -> None:
         waited = 0.0
         while True:
             with contextlib.suppress(Exception):
                 self.push_full()
+                self.push_admit()
                 if waited >= STATE_EVERY_S or self.full is None:
                     self.push()
                     waited = 0.0
-            pause = FULL_EVERY_S if self.full is not None else STATE_EVERY_S
+            pause = FULL_EVERY_S if self.full is not None or self.admit is not None else STATE_EVERY_S
             await asyncio.sleep(pause)
             waited += pause
 

@@ -65,6 +65,7 @@ class RemoteEngine(TextSide):
         self._ids = 0
         self._draining = False
         self._full: tuple | None = None  # the core's admission refusal (dump_error) while every queue is full
+        self._admit: dict | None = None  # the core's refusals of big requests, per model (its "admit" frame)
         self._tokenizers: dict[tuple[str, int], PairTokenizer] = {}
         self._infos: dict[str, tuple[int, ModelInfo]] = {}  # name -> (generation, info with its tokenizer)
         self._tok_pool = ThreadPoolExecutor(1, thread_name_prefix="qtrel-tokenize")
@@ -82,7 +83,7 @@ class RemoteEngine(TextSide):
         return None
 
     def _lost(self) -> None:
-        self._full = None
+        self._full = self._admit = None
         self.state = {"ready": [False, "engine core gone"], "live": [False, "engine core gone"], "models": []}
         for f in self._waiting.values():
             if not f.done():
@@ -124,6 +125,23 @@ class RemoteEngine(TextSide):
         self.metrics.admission_refused.labels(models[0]["name"] if models else "", refusal.reason).inc()
         return refusal
 
+    def refusal(self, name: str, queries: list[str], titles: list[str], use_cache: bool) -> Overloaded | None:
+        """What the core's admission would answer this high-priority request before tokenising it, by the
+        table it pushed ("admit"): its distinct pairs, unless its cache might answer some. Counted as the core
+        counts its own. A pair another request has queued already is the one the core would join and admit."""
+        admit = self._admit
+        if admit is None or (use_cache and admit["cache"]) or (got := admit["models"].get(name)) is None:
+            return None
+        end, table = got
+        if len(queries) < table[0][0] or (k := len(set(zip(queries, titles)))) < table[0][0] or k > end:
+            return None
+        dumped = next(error for first, error in reversed(table) if first <= k)
+        refusal = load_error(dumped, ERRORS)
+        assert isinstance(refusal, Overloaded)
+        self.metrics.rejected.labels("overloaded").inc()
+        self.metrics.admission_refused.labels(name, refusal.reason).inc()
+        return refusal
+
     # --- frames ---------------------------------------------------------------------------------
     def _on_frame(self, frame: tuple) -> None:
         op, rid = frame[0], frame[1]
@@ -154,6 +172,8 @@ class RemoteEngine(TextSide):
                     log.debug("tokenizer of %s not loaded: %s", m["name"], e)
         elif op == "full":
             self._full = frame[2]
+        elif op == "admit":
+            self._admit = frame[2]
         elif op == "collect":
             assert self.channel is not None
             self.channel.send(("collected", rid, samples(self.metrics.registry)))
@@ -231,6 +251,8 @@ class RemoteEngine(TextSide):
         for _ in range(STALE_TRIES):
             name, info = self._tokenizer_of(model, ready=True)
             generation = self._infos[name][0]
+            if priority == "high" and (refused := self.refusal(name, queries, titles, use_cache)) is not None:
+                raise refused  # before tokenising it: the core would refuse it before looking at its tokens
             enc = await self._encode(info, queries, titles, truncation, side)
             check_readable(enc.unknown, max_unknown)  # counted here: the core gets the ids, and the shares to cache
             args = {

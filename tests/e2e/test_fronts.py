@@ -242,6 +242,49 @@ def test_a_full_server_is_refused_at_every_front_before_the_body_is_read(tiny_ch
         proc.wait(60)
 
 
+def test_a_request_the_core_would_refuse_is_refused_at_the_front_before_it_is_tokenised(tiny_checkpoint, tmp_path):
+    """The core tells the fronts the smallest request its admission refuses now ("admit"): a bigger one is
+    answered 429 at the front before it is tokenised (unreadable titles, which tokenised are a 422 there),
+    with the core's own body and Retry-After, while a smaller one is still tokenised and admitted."""
+    port = free_port()
+    with open(tmp_path / "server.log", "w") as log:
+        # A batch waits up to 1.5 s to fill, so 4 admitted pairs hold half the queue (max_queue_pairs=8).
+        extra = ("--max-queue-pairs", "8", "--max-pairs-per-request", "8", "--max-wait-ms", "1500", "--cache-mb", "0")
+        extra += ("--unknown-share-refuse", "0.3", "--max-batch-size", "64")
+        proc = serve(["--model", str(tiny_checkpoint)], port, log, *extra)
+    srv = Server(proc, port, None)
+    unread = [f"离婚{i}" for i in range(8)]  # every piece [UNK]
+
+    async def main():
+        async with httpx.AsyncClient(timeout=60) as client:
+            held = asyncio.create_task(client.post(srv.url + "/score", json={"query": "q", "titles": list("abcd")}))
+            await asyncio.sleep(0.5)
+            out = []
+            for body in (
+                {"query": "离婚申请", "titles": unread[:5]},  # 4 + 5 > 8: refused before tokenising
+                {"query": "q", "titles": [f"t{i}" for i in range(8)]},  # refused, readable: the same answer
+                {"query": "离婚申请", "titles": unread[:4]},  # 4 + 4 fit: tokenised, unreadable
+                {"query": "q", "titles": ["e", "f", "g", "h"]},  # admitted: fills the queue
+            ):
+                async with httpx.AsyncClient(timeout=10) as one:  # a connection each: both fronts answer
+                    out.append(await one.post(srv.url + "/score", json=body))
+            return await held, out
+
+    try:
+        wait_ready(srv.url, proc, timeout=120)
+        refused0 = srv.metric('qtrel_rejected_total{reason="overloaded"}')
+        held, (big, big_readable, small_unread, small) = asyncio.run(main())
+        assert held.status_code == 200 and small.status_code == 200
+        assert big.status_code == 429 and big_readable.status_code == 429, big.text
+        assert big.json() == big_readable.json() and big.json()["error_type"] == "overloaded"
+        assert big.headers["retry-after"] == big_readable.headers["retry-after"]
+        assert small_unread.status_code == 422
+        assert srv.metric('qtrel_rejected_total{reason="overloaded"}') == refused0 + 2
+    finally:
+        proc.terminate()
+        proc.wait(60)
+
+
 def test_sigterm_drains_every_front_and_loses_nothing(tiny_checkpoint, tmp_path):
     port = free_port()
     with open(tmp_path / "server.log", "w") as log:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 
 import pytest
@@ -371,3 +372,56 @@ def test_the_time_bound_holds_while_a_big_request_is_queued_and_small_ones_alone
     assert len(form_batch(ones + big, split_tokens=50, max_tokens=1000, max_size=100)) == 2  # due within 50 tokens
     assert len(form_batch(request(200, 10, 5.0) + ones, split_tokens=50, max_tokens=1000, max_size=100)) == 5
     loop.close()
+
+
+def test_the_admission_table_refuses_exactly_what_the_check_before_tokenisation_refuses():
+    """What the engine core tells its fronts (Batcher.admission) is, for every request size, the refusal its own
+    check before tokenisation (check_admission without tokens) answers: reason, Retry-After and message."""
+
+    def key(r):
+        return None if r is None else (r.reason, r.retry_after, str(r))
+
+    async def main():
+        b = make(Recorder(), max_batch_tokens=200, max_queue_items=400, pace=measured(1000), max_queue_wait_s=1.0)
+        b.max_queue_tokens, b.max_queue_wait_s = 10**6, 100.0
+        b.submit([(10, i) for i in range(60)])
+        for i in range(20):
+            b.submit([(5 + i, i)])
+        for i in range(1, 15):  # requests of 20..280 tokens: the work ahead grows in steps with the request's size
+            b.submit([(20, j) for j in range(i)])
+        b.submit([(30, i) for i in range(40)])
+        b.submit([(7, i) for i in range(25)], priority=LOW)
+        b.max_queue_wait_s = 1.0
+        most = 300
+        end, table = b.admission(most, entries=1000)
+        assert end == most and len(table) > 3 and {r.reason for _, r in table} == {"wait", "pairs"}
+        firsts = [k for k, _ in table]
+        for k in range(1, most + 1):
+            got = next((r for first, r in reversed(table) if first <= k), None)
+            assert key(got) == key(b.refusal(k)), k
+            with pytest.raises(Overloaded) if got else contextlib.nullcontext():
+                b.check_admission(k)
+        assert firsts[0] > 1 and b.refusal(firsts[0] - 1) is None  # small requests are admitted
+        end, few = b.admission(most, entries=2)  # bigger requests than two entries cover are left to the core
+        assert [k for k, _ in few] == firsts[:2] and end == firsts[2] - 1
+        # the wait ahead by bisection is the walk of the queue it replaced
+        ahead = b._tokens[HIGH]
+        for last in (0, 5, 12, 24.5, 600, 601, 1200, 5000):
+            walked = sum(it.length for it in b._pending if it.priority == HIGH and it.rank > last)
+            assert b._wait_ahead(HIGH, last) == ahead - walked
+        await b.stop()
+
+    asyncio.run(main())
+
+
+def test_refusal_prunes_gone_work_once_and_only_when_some_is_gone():
+    async def main():
+        b = make(Recorder(), max_queue_items=10)
+        futs = b.submit([(4, i) for i in range(10)])
+        pending = b._pending
+        assert b.refusal(1) is not None and b._pending is pending  # nothing gone: the queue is left as it is
+        futs[0].cancel()
+        assert b.refusal(1) is None and b.outstanding == 9  # the cancelled pair is ahead of no one
+        await b.stop()
+
+    asyncio.run(main())
