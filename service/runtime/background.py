@@ -56,7 +56,6 @@ class Background:
         self,
         live: Worker,
         observer: WorkerObserver,
-        batch_timeout_s: float | None,
         on_count: Callable[[int], None] = lambda n: None,
     ):
         self.live, self.observer = live, observer
@@ -145,9 +144,6 @@ class Background:
     @property
     def priority(self) -> str | None:
         return self.started.priority if self.started is not None else None
-
-    def crash_loops(self) -> list[int]:
-        return []  # a driver that keeps dying fails its job (service.jobs.runner), not the server's liveness
 
     def describe(self) -> dict:
         d, s = self.driver, self.started

@@ -122,7 +122,7 @@ class Models:
         background = None
         if jobs and s.jobs_dir is not None and resolve_job_processes(s, runtime)[0] == "idle":
             gauge = self.metrics.job_processes.labels(name)
-            background = Background(worker, observer, s.batch_timeout_s, on_count=gauge.set)
+            background = Background(worker, observer, on_count=gauge.set)
         return Slot(runtime, worker, batcher, generation, background)
 
     # --- lookup -------------------------------------------------------------------------------
@@ -171,8 +171,6 @@ class Models:
             w = m.current.worker
             if loops := w.crash_loops():
                 return False, f"crash loop: model process {loops} restarted too often"
-            if (bg := m.current.background) is not None and (loops := bg.crash_loops()):
-                return False, f"crash loop: job model process {loops} restarted too often"
             if not w.alive():
                 return False, w.state.value
         return True, self.default.current.worker.state.value

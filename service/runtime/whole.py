@@ -22,12 +22,9 @@ def backlog(engine: Engine, model: str | None = None) -> tuple[int, int, int]:
 
 
 def job_processes(engine: Engine, model: str | None = None) -> Background | None:
-    """The model's job driver, if its jobs run there now (None: on the live processes)."""
-    return usable(engine.models.get(model).current.background)
-
-
-def usable(bg: Background | None) -> Background | None:
-    """`bg` if a job may run there now (its driver loaded its model before, or has not tried yet)."""
+    """The model's job driver, if its jobs run there now (its driver loaded its model before, or has not
+    tried yet; None: on the live processes)."""
+    bg = engine.models.get(model).current.background
     return bg if bg is not None and bg.usable else None
 
 
