@@ -121,9 +121,7 @@ class RemoteEngine(TextSide):
         if not isinstance(refusal, Overloaded):
             return None
         models = self.state["models"]
-        self.metrics.rejected.labels("overloaded").inc()
-        self.metrics.admission_refused.labels(models[0]["name"] if models else "", refusal.reason).inc()
-        return refusal
+        return self._counted(refusal, models[0]["name"] if models else "")
 
     def refusal(self, name: str, queries: list[str], titles: list[str], use_cache: bool) -> Overloaded | None:
         """What the core's admission would answer this high-priority request before tokenising it, by the
@@ -138,8 +136,12 @@ class RemoteEngine(TextSide):
         dumped = next(error for first, error in reversed(table) if first <= k)
         refusal = load_error(dumped, ERRORS)
         assert isinstance(refusal, Overloaded)
+        return self._counted(refusal, name)
+
+    def _counted(self, refusal: Overloaded, model: str) -> Overloaded:
+        """A refusal made here on the core's word, counted as the core counts its own."""
         self.metrics.rejected.labels("overloaded").inc()
-        self.metrics.admission_refused.labels(name, refusal.reason).inc()
+        self.metrics.admission_refused.labels(model, refusal.reason).inc()
         return refusal
 
     # --- frames ---------------------------------------------------------------------------------
