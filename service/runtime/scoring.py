@@ -271,17 +271,16 @@ class FrameSide:
         levels): a request's pairs read once, with no object per pair."""
         outs, lengths, cut, unknown = [], [], [], []
         for k in keys:
+            src: Cached | Flight
             if (c := found.get(k)) is not None:
                 outs.append(c.output)
-                lengths.append(c.length)
-                cut.append(c.truncated)
-                unknown.append(c.unknown)
+                src = c
             else:
-                f = flights[k]
+                src = f = flights[k]
                 outs.append(f.future.result())
-                lengths.append(f.length)
-                cut.append(f.truncated)
-                unknown.append(f.unknown)
+            lengths.append(src.length)  # a Cached and a Flight name these alike
+            cut.append(src.truncated)
+            unknown.append(src.unknown)
         self.tally(self._series(self.metrics.pairs, name), len(outs))
         levels = model.labels
         series = self._level_series.get(name)
