@@ -31,6 +31,8 @@ import time
 import urllib.request
 from pathlib import Path
 
+from harness.live import free_port
+
 ROOT = Path(__file__).resolve().parent.parent
 LUA = """
 counter = 0
@@ -245,7 +247,7 @@ def main() -> int:
     ap.add_argument("--quick", action="store_true", help="one round of 1 and 2 fronts, 4 s each")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--seconds", type=float, default=10)
-    ap.add_argument("--port", type=int, default=18150)
+    ap.add_argument("--port", type=int, help="the servers' port (default: a free one each run)")
     ap.add_argument("--no-shared", action="store_true", help="leave out the shared-socket runs")
     ap.add_argument("--model", type=Path, help="serve this checkpoint (builtin: model/default) instead of a tiny one")
     ap.add_argument("--connections", type=int, default=64, help="wrk's keep-alive connections (clients)")
@@ -264,12 +266,13 @@ def main() -> int:
     lua = work / "distinct.lua"
     lua.write_text(LUA.replace("TITLES", str(a.titles)))
     if a.hold:
-        return hold(model, a.hold, a.port, lua, work / "server.log")
+        return hold(model, a.hold, a.port or free_port(), lua, work / "server.log")
     runs = []
     for i in range(rounds):
         order = layouts if i % 2 == 0 else layouts[::-1]
         for w, sock, root in order:
-            r = one_run(model, w, sock, a.port, seconds, lua, work / "server.log", a.connections, root) | {"round": i}
+            port = a.port or free_port()  # a fixed one could be another server's (SO_REUSEPORT would share it)
+            r = one_run(model, w, sock, port, seconds, lua, work / "server.log", a.connections, root) | {"round": i}
             print(json.dumps({k: v for k, v in r.items() if k != "wrk_cpu_s"}), flush=True)
             runs.append(r)
     summary = summarise(runs)

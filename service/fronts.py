@@ -43,6 +43,12 @@ def listening_socket(host: str, port: int, reuseport: bool) -> socket.socket:
     """The port's socket: listening and inheritable (shared), or bound with SO_REUSEPORT, not listening,
     holding the port (and choosing it when `port` is 0) for the fronts' own sockets (reuseport)."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    if reuseport and port:
+        # SO_REUSEPORT would let this server join another's listening group on the port (same user) and
+        # silently take half its connections: a plain bind first fails as a port in use does for one process
+        with socket.socket(family, socket.SOCK_STREAM) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # (a restart's TIME_WAITs are no owner)
+            probe.bind((host, port))
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     if reuseport:

@@ -8,11 +8,12 @@ import json
 import os
 import subprocess
 import sys
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT, shared_data
+from tests.conftest import DATA, ROOT, shared_data
 
 BENCH = ROOT / "bench"
 # script (and scenario) -> the table it publishes (None: it prints its result)
@@ -48,14 +49,15 @@ def test_every_maintained_script_has_a_quick_run():
     assert scripts == covered, f"give each new benchmark a --quick run here: {sorted(scripts ^ covered)}"
 
 
-@pytest.mark.slow
-@pytest.mark.timeout(600)
-@pytest.mark.parametrize("run", RUNS)
-def test_quick(run: str, tmp_path: Path):
-    shared_data("homedepot", "dev.csv")
+# The quick runs mostly wait on the servers and model processes they start: a few at once take about half the
+# suite time of one after another on two cores (each run has its own scratch folder and free ports).
+AT_ONCE = 3
+
+
+def _run(run: str, out: Path) -> subprocess.CompletedProcess:
     script, *args = run.split()
-    env = os.environ | {"PYTHONPATH": str(ROOT), "QTREL_BENCH_QUICK_DIR": str(tmp_path)}
-    done = subprocess.run(
+    env = os.environ | {"PYTHONPATH": str(ROOT), "QTREL_BENCH_QUICK_DIR": str(out)}
+    return subprocess.run(
         [sys.executable, str(BENCH / script), *args, "--quick"],
         cwd=ROOT,
         env=env,
@@ -63,6 +65,32 @@ def test_quick(run: str, tmp_path: Path):
         text=True,
         timeout=540,
     )
+
+
+@pytest.fixture(scope="module")
+def started(request, tmp_path_factory):
+    """The selected quick runs, started AT_ONCE at a time in the order of their tests: run -> (future, folder)."""
+    items = request.session.items
+    chosen = [it.callspec.params["run"] for it in items if getattr(it, "originalname", "") == "test_quick"]
+    if not (DATA / "homedepot" / "dev.csv").exists():
+        chosen = []  # each test skips (shared_data)
+    out: dict[str, tuple[Future, Path]] = {}
+    with ThreadPoolExecutor(AT_ONCE) as pool:
+        for i, run in enumerate(chosen):
+            folder = tmp_path_factory.mktemp(f"quick{i}")
+            out[run] = (pool.submit(_run, run, folder), folder)
+        yield out
+        for future, _ in out.values():
+            future.cancel()  # runs not started yet (a test stopped the session early); the started ones end
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("run", RUNS)
+def test_quick(run: str, started):
+    shared_data("homedepot", "dev.csv")
+    future, tmp_path = started[run]
+    done = future.result()
     assert done.returncode == 0, (
         f"{run} --quick exited {done.returncode}:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
     )

@@ -82,6 +82,7 @@ def live_server(model_dir, wait_ready: bool = True, app_options: dict | None = N
     # float32 unless a test asks otherwise: the batch-invariance checks compare to a float32 reference
     overrides.setdefault("dtype", "float32")
     overrides.setdefault("inference", "torch")  # and the torch forward they compare with (auto may pick OpenVINO)
+    overrides.setdefault("warmup", False)  # a model the fork server's template is not warms its whole ladder: ~15 s
     one = {} if overrides.get("models") else {"model": str(model_dir)}  # several models replace the one
     s = Settings(**one, port=free_port(), host="127.0.0.1", log_json=False, **overrides)
     srv = LiveServer(s, **(app_options or {})).start(wait_ready=wait_ready)

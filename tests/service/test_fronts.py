@@ -1,14 +1,17 @@
-"""How many front processes `auto` runs, their settings pipe, and /metrics merged across processes."""
+"""How many front processes `auto` runs, the port they share, their settings pipe, and /metrics merged across
+processes."""
 
 from __future__ import annotations
 
+import errno
 import json
+import socket
 
 import pytest
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from pydantic import ValidationError
 
-from service.fronts import settings_for_front
+from service.fronts import listening_socket, settings_for_front
 from service.metrics_merge import FrontSamples, merge, samples
 from service.runtime import layout
 from service.settings import Settings
@@ -31,6 +34,20 @@ def test_auto_follows_the_cores_and_the_device(monkeypatch, device, cores, front
     monkeypatch.setattr(layout, "resolve_device_name", lambda d: device)
     assert layout.resolve_http_workers(Settings()) == (fronts, f"auto: {device}, {cores} cores")
     assert layout.resolve_http_workers(Settings(http_workers=3)) == (3, "set")
+
+
+def test_a_port_another_server_s_fronts_listen_on_is_in_use_even_with_reuseport():
+    other = socket.socket()  # as another qtrel's front: SO_REUSEPORT, listening (same user)
+    other.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    other.bind(("127.0.0.1", 0))
+    other.listen()
+    port = other.getsockname()[1]
+    with pytest.raises(OSError) as e:
+        listening_socket("127.0.0.1", port, reuseport=True)  # without the probe: bound, half the connections
+    assert e.value.errno == errno.EADDRINUSE
+    other.close()
+    mine = listening_socket("127.0.0.1", port, reuseport=True)  # free again: a restart on the same port
+    mine.close()
 
 
 def test_a_front_gets_the_settings_with_their_secrets_and_the_chosen_port():
