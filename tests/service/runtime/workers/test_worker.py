@@ -69,6 +69,7 @@ class Restarts:  # the worker's observer, recording what it is told
 
 @pytest.mark.parametrize("mode", ["process", "thread"])
 def test_worker_loads_warms_and_scores(tiny_checkpoint, mode):
+    pairs = read_pairs(5)  # before a process starts: a skip (no data) must not leave it running
     w = Worker(LoadSpec(str(tiny_checkpoint)), mode=mode, backend=hooked(mode))
     ref = RelevanceModel.load(tiny_checkpoint)
 
@@ -77,7 +78,7 @@ def test_worker_loads_warms_and_scores(tiny_checkpoint, mode):
         await w.wait_ready()
         assert w.state == WorkerState.READY
         assert w.info.labels == ["1", "2", "3", "4", "5"] and w.info.dtype == "float32"
-        enc = w.info.tokenizer.encode(*zip(*read_pairs(5)))
+        enc = w.info.tokenizer.encode(*zip(*pairs))
         outs = await w.run(list(zip(enc.input_ids, enc.token_type_ids)))
         want = ref.probs(enc.input_ids, enc.token_type_ids)
         assert torch.allclose(torch.tensor([o.probs for o in outs]), want, atol=1e-6)
