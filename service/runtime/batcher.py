@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
@@ -37,17 +38,22 @@ from service.runtime.batching import (
     BatchTracer,
     Closed,
     DeadlineExceeded,
+    Gone,
     Item,
+    ItemFuture,
     Meter,
     NoObserver,
     Overloaded,
     Queued,
     admission_table,
     due,
+    fail,
     form_batch,
     padded_tokens,
     plan_batch,
     priority_of,
+    settle,
+    sweep,
     trace_batch,
 )
 
@@ -103,6 +109,10 @@ class Batcher:
         self._items, self._tokens = [0, 0], [0, 0]
         self._flying, self._flying_tokens = [0, 0], [0, 0]
         self._clock = 0  # tokens dispatched so far: the fair order's clock (batching.due)
+        # what _prune needs to know without a walk: queued futures cancelled since the last walk, and a deadline
+        # no queued item's is before (the earliest at that walk, or a later submission's)
+        self._gone, self._earliest = Gone(), math.inf
+        self.walks = 0  # the queue's walks for gone or late work (tests count them)
         self._closed = False
         self._task: asyncio.Task | None = None
         self._idle = asyncio.Event()
@@ -225,12 +235,15 @@ class Batcher:
             raise ValueError(f"an item is longer than max_batch_tokens ({self.max_batch_tokens})")
         self.check_admission(len(work), sum(length for length, _ in work), priority)
         loop = self._task.get_loop() if self._task else asyncio.get_running_loop()  # get_running_loop: a getpid
-        futures = []
+        futures, gone = [], self._gone
+        if deadline is not None and deadline < self._earliest:
+            self._earliest = deadline
         now = time.monotonic()
         tokens = sum(n for n, _ in work)
         rank = due(self._clock, tokens)
         for length, payload in work:
-            fut = loop.create_future()
+            fut = ItemFuture(loop=loop)
+            fut.gone = gone
             it = Item(length, payload, fut, deadline, now, trace, tag, rank, priority, tokens)
             self._pending.append(it)
             self._count(it, 1)
@@ -283,20 +296,16 @@ class Batcher:
         self._report()
 
     def _prune(self) -> bool:
-        """Drop items whose caller left or whose deadline passed; they never reach the device. True if any."""
+        """Drop items whose caller left or whose deadline passed; they never reach the device. True if any. The
+        queue is walked only when a queued future was cancelled or the earliest deadline may have passed."""
         now = time.monotonic()
-        if not any(it.future.done() or (it.deadline is not None and now >= it.deadline) for it in self._pending):
+        if not self._gone.n and now < self._earliest:
             return False
-        keep: deque[Item] = deque()
-        gone, late = [], []
-        for it in self._pending:
-            if it.future.done():
-                gone.append(it)
-            elif it.deadline is not None and now >= it.deadline:
-                it.future.set_exception(DeadlineExceeded("deadline passed while queued"))
-                late.append(it)
-            else:
-                keep.append(it)
+        self.walks += 1
+        keep, gone, late, self._earliest = sweep(self._pending, now)
+        self._gone.n = 0
+        if not gone and not late:
+            return False
         self._pending = keep
         self._queued.take(gone + late)
         self._release(gone + late)
@@ -365,27 +374,15 @@ class Batcher:
         t0 = time.monotonic()
         error: BaseException | None = None
         try:
-            results = await self._run([it.payload for it in batch])
-            for it, res in zip(batch, results, strict=True):
-                if it.future.done():
-                    continue
-                if isinstance(res, BaseException):  # this item failed alone; the others have results
-                    log.error("an item of %s failed alone: %s", it.tag or "untagged work", res)
-                    it.future.set_exception(res)
-                else:
-                    it.future.set_result(res)
+            settle(batch, await self._run([it.payload for it in batch]))
         except asyncio.CancelledError as e:
             error = e
-            for it in batch:
-                if not it.future.done():
-                    it.future.set_exception(Closed("the service is shutting down"))
+            fail(batch, Closed("the service is shutting down"))
             raise
         except Exception as e:  # fails only this batch; the loop keeps serving
             error = e
             log.error("batch of %d failed: %s", len(batch), e, exc_info=e)
-            for it in batch:
-                if not it.future.done():
-                    it.future.set_exception(e)
+            fail(batch, e)
         finally:
             self._slots.release()
             t1 = time.monotonic()
