@@ -30,6 +30,7 @@ from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
+from service.runtime.admission import Admission
 from service.runtime.batching import (
     HIGH,
     LOW,
@@ -45,7 +46,6 @@ from service.runtime.batching import (
     NoObserver,
     Overloaded,
     Queued,
-    admission_table,
     due,
     fail,
     form_batch,
@@ -64,7 +64,7 @@ __all__ += ["priority_of", "BatchObserver", "BatchTracer", "Meter"]
 log = logging.getLogger("qtrel.batcher")
 
 
-class Batcher:
+class Batcher(Admission):
     """`run` returns one result per item, in order; a result that is an exception fails its item alone."""
 
     def __init__(
@@ -131,63 +131,6 @@ class Batcher:
     def running(self) -> int:
         """Batches handed to the model processes and not finished (score jobs fill the processes left idle)."""
         return len(self._running)
-
-    def retry_after(self) -> float:
-        """Seconds until everything outstanding is worked off, by the measured rate (1 while unknown)."""
-        return self.pace.retry_after(sum(self._tokens), 0.0) if self.pace else 1.0
-
-    def _ahead(self, priority: int) -> tuple[int, int]:
-        """Items and tokens a new request of this class counts against the bounds: its own class and the higher
-        ones, and a lower class's only where it is on the device (queued low work never crowds out high work)."""
-        if priority == HIGH:
-            return self._items[HIGH] + self._flying[LOW], self._tokens[HIGH] + self._flying_tokens[LOW]
-        return sum(self._items), sum(self._tokens)
-
-    def _wait_ahead(self, priority: int, last: float) -> int:
-        """Tokens queued ahead of a new request of this class whose tag would be `last`: the higher class's, and its
-        own class's due before it. A batch on a model process is not queued: it holds one for ~max_batch_ms at most."""
-        ahead = sum(self._tokens[c] - self._flying_tokens[c] for c in range(priority + 1))
-        return ahead - self._queued.after(priority, last)
-
-    def refusal(self, items: int = 1, tokens: int = 0, priority: int = HIGH) -> Overloaded | None:
-        """Why `items` more of this class (and `tokens`, if known) could not be admitted now; None if they can."""
-        if (refused := self._refusal(items, tokens, priority)) is None or not self._prune():
-            return refused  # (work whose client has gone, queued until the next batch, is ahead of no one)
-        return self._refusal(items, tokens, priority)
-
-    def admission(self, most: int, entries: int = 16) -> tuple[int, list[tuple[int, Overloaded]]]:
-        """The refusal of k high pairs before tokenisation, for k = 1..most (batching.admission_table): what
-        the engine core tells its fronts, so that they refuse what it would before tokenising."""
-        if self.refusal(most) is None:
-            return most, []
-        return admission_table(lambda k: self._refusal(k, 0, HIGH), most, entries)
-
-    def _refusal(self, items: int, tokens: int, priority: int) -> Overloaded | None:
-        n, t = self._ahead(priority)
-        if n + items > self.max_queue_items:
-            return Overloaded("pairs", self.retry_after())
-        if tokens and t + tokens > self.max_queue_tokens:
-            return Overloaded("tokens", self.retry_after())
-        limit = self.max_queue_wait_s
-        if self.pace is None or limit <= 0 or (wait := self.pace.seconds(t)) is None or wait <= limit:
-            return None
-        mine = tokens or items * max(1, t // max(1, n))  # before tokenisation: the queue's mean length a pair
-        t = self._wait_ahead(priority, due(self._clock, mine))
-        if (wait := self.pace.seconds(t) or 0.0) <= limit:
-            return None
-        detail = f"{wait:.1f}s of work ahead, over max_queue_wait_ms={limit * 1000:g}"
-        return Overloaded("wait", self.pace.retry_after(t, limit), detail)
-
-    def full(self) -> bool:  # nothing more can be admitted now: not even one high item
-        return self.refusal() is not None
-
-    def check_admission(self, items: int, tokens: int = 0, priority: int = HIGH) -> None:
-        """Raise Overloaded (or Closed) if `items` more of this class could not be admitted now."""
-        if self._closed:
-            raise Closed("draining: no new work is accepted")
-        if (refused := self.refusal(items, tokens, priority)) is not None:
-            self._obs.refused(refused.reason)
-            raise refused
 
     def promote(self, futures: Sequence[asyncio.Future]) -> None:
         """Queued lower-class items of these futures move to the first class (a high request joined them)."""

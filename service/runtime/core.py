@@ -194,7 +194,10 @@ class CoreServer:
         self.full: tuple | None = None  # the admission refusal last pushed (dump_error), None: room
         self._full_soon = False
         self.admit: dict | None = None  # the admission table last pushed (push_admit)
-        self._admit_at = 0.0
+        self._admit_at = self._state_at = 0.0
+        # what the queues' admission read when `full` and `admit` were last worked out (admission_state)
+        self._full_state: tuple | None = None
+        self._admit_state: tuple | None = None
         self._ids = 0
         self.front_samples = FrontSamples()
         # SIGTERM: the fronts' probes say not ready while the requests they hold still reach the engine
@@ -249,8 +252,16 @@ class CoreServer:
             for link in list(self.links):
                 link.channel.send(("state", 0, snap))
 
+    def admission_state(self) -> tuple:
+        """Every served queue's admission state (Batcher.admission_state): while it is the same, so are the
+        refusals that `full` and `admit` say, and they are not worked out again (ticks under overload)."""
+        return tuple((m.current.batcher, m.current.batcher.admission_state()) for m in self.engine.models)
+
     def push_full(self) -> None:
         """Tell every front when admission fills up or has room again (a changed Retry-After too)."""
+        if (state := self.admission_state()) == self._full_state:
+            return
+        self._full_state = state
         refusal = self.engine.refusal()
         if refusal is None:
             if self.full is None:
@@ -292,23 +303,23 @@ class CoreServer:
         if not now and t - self._admit_at < ADMIT_EVERY_S:
             return
         self._admit_at = t
+        if (state := (self.engine.cache.enabled, self.admission_state())) == self._admit_state:
+            return
+        self._admit_state = state
         if (admit := self.admission()) != self.admit:
             self.admit = admit
             for link in list(self.links):
                 link.channel.send(("admit", 0, admit))
 
     async def _push_changes(self) -> None:
-        waited = 0.0
         while True:
             with contextlib.suppress(Exception):
                 self.push_full()
                 self.push_admit()
-                if waited >= STATE_EVERY_S or self.full is None:
+                if (t := time.monotonic()) - self._state_at >= STATE_EVERY_S * 0.9:  # (a timer may fire a bit early)
+                    self._state_at = t
                     self.push()
-                    waited = 0.0
-            pause = FULL_EVERY_S if self.full is not None or self.admit is not None else STATE_EVERY_S
-            await asyncio.sleep(pause)
-            waited += pause
+            await asyncio.sleep(FULL_EVERY_S if self.full is not None or self.admit is not None else STATE_EVERY_S)
 
     # --- requests -------------------------------------------------------------------------------
     async def score(self, a: dict) -> tuple:
