@@ -178,7 +178,8 @@ class Batcher(Admission):
             raise ValueError(f"an item is longer than max_batch_tokens ({self.max_batch_tokens})")
         self.check_admission(len(work), sum(length for length, _ in work), priority)
         loop = self._task.get_loop() if self._task else asyncio.get_running_loop()  # get_running_loop: a getpid
-        futures, gone = [], self._gone
+        futures: list[asyncio.Future] = []
+        gone = self._gone
         if deadline is not None and deadline < self._earliest:
             self._earliest = deadline
         now = time.monotonic()
