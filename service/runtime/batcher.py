@@ -17,7 +17,7 @@ request (or one whose client is gone) holds a process for that long at most befo
 requests alone fill a batch up to max_batch_tokens: each is served whole in its turn, and splitting them would only
 add each batch's fixed cost (docs/batcher-bench.md). Admission is bounded by items and tokens outstanding and, once
 the rate is measured, by the expected wait: work whose queue ahead (what would be served before it) would take longer
-than `max_queue_wait_s` is refused, with a Retry-After from the rate.
+than `max_queue_wait_s` is refused, with a Retry-After from the rate (service.runtime.admission).
 """
 
 from __future__ import annotations
@@ -81,12 +81,16 @@ class Batcher(Admission):
         pace: Meter | None = None,
         max_queue_wait_s: float = 0.0,
         max_batch_s: float = 0.0,
+        on_change: Callable[[], None] | None = None,
     ):
         """`concurrency`: batches handed to `run` at once (one per model replica). The next batch is
         formed only when a slot is free, so that it takes everything that arrived meanwhile. `tracer`:
         told the timings of each batch that holds traced items (None: tracing off, nothing is done).
         `pace`: the model's measured rate, told every finished batch; with it, `max_queue_wait_s` (0: off)
-        bounds the expected wait at admission and `max_batch_s` (0: off) a batch's time."""
+        bounds the expected wait at admission and `max_batch_s` (0: off) a batch's time. `on_change`: told once
+        in each turn of the event loop that changed the queue (work queued, a batch formed or finished, work dropped),
+        after the gauges."""
+        self._on_change = on_change
         self.pace = pace
         self.max_queue_wait_s = max_queue_wait_s
         self.max_batch_s = max_batch_s
@@ -160,6 +164,8 @@ class Batcher(Admission):
         self._report_due = False
         self._obs.queued(len(self._pending), self.outstanding)
         self._obs.depths([self.queued(c) for c in range(len(PRIORITIES))])
+        if self._on_change is not None:
+            self._on_change()
 
     def submit(
         self,

@@ -12,6 +12,7 @@ import pytest
 
 from service.app import build_engine
 from service.metrics import Metrics
+from service.runtime import core as core_module
 from service.runtime.batcher import Overloaded
 from service.runtime.core import CoreServer
 from service.runtime.remote import RemoteEngine
@@ -197,10 +198,12 @@ def test_the_core_s_loop_is_uvloop_where_installed_and_asyncio_s_without(monkeyp
     assert run_loop(kind()).startswith("asyncio")
 
 
-def test_the_core_works_out_full_and_admit_again_only_when_a_queue_changed(tmp_path, tiny_checkpoint):
-    """Under overload the core's ticks (every FULL_EVERY_S) and frames ask for `full` and `admit`; while no
-    queue's admission state changed, neither is worked out again (counted); a change (a hung-up request's pairs
-    let go) is heard at once."""
+def test_the_core_works_out_full_and_admit_again_only_when_a_queue_changed(tmp_path, tiny_checkpoint, monkeypatch):
+    """Under overload the core's frames and queue changes ask for `full` and `admit`; while no queue's admission
+    state changed, neither is worked out again (counted); a change (a hung-up request's pairs let go) reaches the
+    fronts without waiting for a tick (there is none here after the first)."""
+    monkeypatch.setattr(core_module, "FULL_EVERY_S", 60.0)
+    monkeypatch.setattr(core_module, "STATE_EVERY_S", 60.0)
 
     async def until(cond) -> bool:
         for _ in range(300):
@@ -231,7 +234,7 @@ def test_the_core_works_out_full_and_admit_again_only_when_a_queue_changed(tmp_p
         for _ in range(20):
             core.push_full()
             core.push_admit(now=True)
-            await asyncio.sleep(0.002)  # the ticks run too
+            await asyncio.sleep(0.002)
         assert calls == seen  # nothing changed: nothing worked out again
         held.cancel()  # the core lets its pairs go: room again, pushed
         assert await until(lambda: core.full is None and core.admit is None and remote.refuse_early() is None)
