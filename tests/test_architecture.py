@@ -34,8 +34,14 @@ def core(rel: str) -> bool:
     return rel.startswith("model/") and not rel.startswith(("model/train/", "model/bulk/"))
 
 
-# The batcher's modules: the queue (batcher.py), its vocabulary (batching.py), the model's measured pace (pace.py).
-BATCHER = ("service/runtime/batcher.py", "service/runtime/batching.py", "service/runtime/pace.py")
+# The batcher's modules: the queue (batcher.py), its vocabulary (batching.py), its admission (admission.py), the
+# model's measured pace (pace.py).
+BATCHER = (
+    "service/runtime/batcher.py",
+    "service/runtime/batching.py",
+    "service/runtime/admission.py",
+    "service/runtime/pace.py",
+)
 
 
 def under(folder: str) -> Callable[[str], bool]:

@@ -17,18 +17,20 @@ request (or one whose client is gone) holds a process for that long at most befo
 requests alone fill a batch up to max_batch_tokens: each is served whole in its turn, and splitting them would only
 add each batch's fixed cost (docs/batcher-bench.md). Admission is bounded by items and tokens outstanding and, once
 the rate is measured, by the expected wait: work whose queue ahead (what would be served before it) would take longer
-than `max_queue_wait_s` is refused, with a Retry-After from the rate.
+than `max_queue_wait_s` is refused, with a Retry-After from the rate (service.runtime.admission).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
+from service.runtime.admission import Admission
 from service.runtime.batching import (
     HIGH,
     LOW,
@@ -37,17 +39,21 @@ from service.runtime.batching import (
     BatchTracer,
     Closed,
     DeadlineExceeded,
+    Gone,
     Item,
+    ItemFuture,
     Meter,
     NoObserver,
     Overloaded,
     Queued,
-    admission_table,
     due,
+    fail,
     form_batch,
     padded_tokens,
     plan_batch,
     priority_of,
+    settle,
+    sweep,
     trace_batch,
 )
 
@@ -58,7 +64,7 @@ __all__ += ["priority_of", "BatchObserver", "BatchTracer", "Meter"]
 log = logging.getLogger("qtrel.batcher")
 
 
-class Batcher:
+class Batcher(Admission):
     """`run` returns one result per item, in order; a result that is an exception fails its item alone."""
 
     def __init__(
@@ -75,12 +81,16 @@ class Batcher:
         pace: Meter | None = None,
         max_queue_wait_s: float = 0.0,
         max_batch_s: float = 0.0,
+        on_change: Callable[[], None] | None = None,
     ):
         """`concurrency`: batches handed to `run` at once (one per model replica). The next batch is
         formed only when a slot is free, so that it takes everything that arrived meanwhile. `tracer`:
         told the timings of each batch that holds traced items (None: tracing off, nothing is done).
         `pace`: the model's measured rate, told every finished batch; with it, `max_queue_wait_s` (0: off)
-        bounds the expected wait at admission and `max_batch_s` (0: off) a batch's time."""
+        bounds the expected wait at admission and `max_batch_s` (0: off) a batch's time. `on_change`: told once
+        in each turn of the event loop that changed the queue (work queued, a batch formed or finished, work dropped),
+        after the gauges."""
+        self._on_change = on_change
         self.pace = pace
         self.max_queue_wait_s = max_queue_wait_s
         self.max_batch_s = max_batch_s
@@ -103,6 +113,10 @@ class Batcher:
         self._items, self._tokens = [0, 0], [0, 0]
         self._flying, self._flying_tokens = [0, 0], [0, 0]
         self._clock = 0  # tokens dispatched so far: the fair order's clock (batching.due)
+        # what _prune needs to know without a walk: queued futures cancelled since the last walk, and a deadline
+        # no queued item's is before (the earliest at that walk, or a later submission's)
+        self._gone, self._earliest = Gone(), math.inf
+        self.walks = 0  # the queue's walks for gone or late work (tests count them)
         self._closed = False
         self._task: asyncio.Task | None = None
         self._idle = asyncio.Event()
@@ -121,63 +135,6 @@ class Batcher:
     def running(self) -> int:
         """Batches handed to the model processes and not finished (score jobs fill the processes left idle)."""
         return len(self._running)
-
-    def retry_after(self) -> float:
-        """Seconds until everything outstanding is worked off, by the measured rate (1 while unknown)."""
-        return self.pace.retry_after(sum(self._tokens), 0.0) if self.pace else 1.0
-
-    def _ahead(self, priority: int) -> tuple[int, int]:
-        """Items and tokens a new request of this class counts against the bounds: its own class and the higher
-        ones, and a lower class's only where it is on the device (queued low work never crowds out high work)."""
-        if priority == HIGH:
-            return self._items[HIGH] + self._flying[LOW], self._tokens[HIGH] + self._flying_tokens[LOW]
-        return sum(self._items), sum(self._tokens)
-
-    def _wait_ahead(self, priority: int, last: float) -> int:
-        """Tokens queued ahead of a new request of this class whose tag would be `last`: the higher class's, and its
-        own class's due before it. A batch on a model process is not queued: it holds one for ~max_batch_ms at most."""
-        ahead = sum(self._tokens[c] - self._flying_tokens[c] for c in range(priority + 1))
-        return ahead - self._queued.after(priority, last)
-
-    def refusal(self, items: int = 1, tokens: int = 0, priority: int = HIGH) -> Overloaded | None:
-        """Why `items` more of this class (and `tokens`, if known) could not be admitted now; None if they can."""
-        if (refused := self._refusal(items, tokens, priority)) is None or not self._prune():
-            return refused  # (work whose client has gone, queued until the next batch, is ahead of no one)
-        return self._refusal(items, tokens, priority)
-
-    def admission(self, most: int, entries: int = 16) -> tuple[int, list[tuple[int, Overloaded]]]:
-        """The refusal of k high pairs before tokenisation, for k = 1..most (batching.admission_table): what
-        the engine core tells its fronts, so that they refuse what it would before tokenising."""
-        if self.refusal(most) is None:
-            return most, []
-        return admission_table(lambda k: self._refusal(k, 0, HIGH), most, entries)
-
-    def _refusal(self, items: int, tokens: int, priority: int) -> Overloaded | None:
-        n, t = self._ahead(priority)
-        if n + items > self.max_queue_items:
-            return Overloaded("pairs", self.retry_after())
-        if tokens and t + tokens > self.max_queue_tokens:
-            return Overloaded("tokens", self.retry_after())
-        limit = self.max_queue_wait_s
-        if self.pace is None or limit <= 0 or (wait := self.pace.seconds(t)) is None or wait <= limit:
-            return None
-        mine = tokens or items * max(1, t // max(1, n))  # before tokenisation: the queue's mean length a pair
-        t = self._wait_ahead(priority, due(self._clock, mine))
-        if (wait := self.pace.seconds(t) or 0.0) <= limit:
-            return None
-        detail = f"{wait:.1f}s of work ahead, over max_queue_wait_ms={limit * 1000:g}"
-        return Overloaded("wait", self.pace.retry_after(t, limit), detail)
-
-    def full(self) -> bool:  # nothing more can be admitted now: not even one high item
-        return self.refusal() is not None
-
-    def check_admission(self, items: int, tokens: int = 0, priority: int = HIGH) -> None:
-        """Raise Overloaded (or Closed) if `items` more of this class could not be admitted now."""
-        if self._closed:
-            raise Closed("draining: no new work is accepted")
-        if (refused := self.refusal(items, tokens, priority)) is not None:
-            self._obs.refused(refused.reason)
-            raise refused
 
     def promote(self, futures: Sequence[asyncio.Future]) -> None:
         """Queued lower-class items of these futures move to the first class (a high request joined them)."""
@@ -207,6 +164,8 @@ class Batcher:
         self._report_due = False
         self._obs.queued(len(self._pending), self.outstanding)
         self._obs.depths([self.queued(c) for c in range(len(PRIORITIES))])
+        if self._on_change is not None:
+            self._on_change()
 
     def submit(
         self,
@@ -225,12 +184,16 @@ class Batcher:
             raise ValueError(f"an item is longer than max_batch_tokens ({self.max_batch_tokens})")
         self.check_admission(len(work), sum(length for length, _ in work), priority)
         loop = self._task.get_loop() if self._task else asyncio.get_running_loop()  # get_running_loop: a getpid
-        futures = []
+        futures: list[asyncio.Future] = []
+        gone = self._gone
+        if deadline is not None and deadline < self._earliest:
+            self._earliest = deadline
         now = time.monotonic()
         tokens = sum(n for n, _ in work)
         rank = due(self._clock, tokens)
         for length, payload in work:
-            fut = loop.create_future()
+            fut = ItemFuture(loop=loop)
+            fut.gone = gone
             it = Item(length, payload, fut, deadline, now, trace, tag, rank, priority, tokens)
             self._pending.append(it)
             self._count(it, 1)
@@ -283,20 +246,16 @@ class Batcher:
         self._report()
 
     def _prune(self) -> bool:
-        """Drop items whose caller left or whose deadline passed; they never reach the device. True if any."""
+        """Drop items whose caller left or whose deadline passed; they never reach the device. True if any. The
+        queue is walked only when a queued future was cancelled or the earliest deadline may have passed."""
         now = time.monotonic()
-        if not any(it.future.done() or (it.deadline is not None and now >= it.deadline) for it in self._pending):
+        if not self._gone.n and now < self._earliest:
             return False
-        keep: deque[Item] = deque()
-        gone, late = [], []
-        for it in self._pending:
-            if it.future.done():
-                gone.append(it)
-            elif it.deadline is not None and now >= it.deadline:
-                it.future.set_exception(DeadlineExceeded("deadline passed while queued"))
-                late.append(it)
-            else:
-                keep.append(it)
+        self.walks += 1
+        keep, gone, late, self._earliest = sweep(self._pending, now)
+        self._gone.n = 0
+        if not gone and not late:
+            return False
         self._pending = keep
         self._queued.take(gone + late)
         self._release(gone + late)
@@ -365,27 +324,15 @@ class Batcher:
         t0 = time.monotonic()
         error: BaseException | None = None
         try:
-            results = await self._run([it.payload for it in batch])
-            for it, res in zip(batch, results, strict=True):
-                if it.future.done():
-                    continue
-                if isinstance(res, BaseException):  # this item failed alone; the others have results
-                    log.error("an item of %s failed alone: %s", it.tag or "untagged work", res)
-                    it.future.set_exception(res)
-                else:
-                    it.future.set_result(res)
+            settle(batch, await self._run([it.payload for it in batch]))
         except asyncio.CancelledError as e:
             error = e
-            for it in batch:
-                if not it.future.done():
-                    it.future.set_exception(Closed("the service is shutting down"))
+            fail(batch, Closed("the service is shutting down"))
             raise
         except Exception as e:  # fails only this batch; the loop keeps serving
             error = e
             log.error("batch of %d failed: %s", len(batch), e, exc_info=e)
-            for it in batch:
-                if not it.future.done():
-                    it.future.set_exception(e)
+            fail(batch, e)
         finally:
             self._slots.release()
             t1 = time.monotonic()

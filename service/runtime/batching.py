@@ -8,7 +8,9 @@ import asyncio
 import bisect
 import heapq
 import logging
+import math
 import time
+from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -107,6 +109,51 @@ class Item:
     rank: float = 0.0  # the order batches are formed in: its request's tag (`due`), then arrival
     priority: int = HIGH  # index in PRIORITIES: a lower class waits for the higher one
     work: int = 0  # its request's tokens, every item of it together: a request this big is split across batches
+
+
+class Gone:
+    """How many queued items' futures were cancelled (their callers left) since the batcher last walked its queue:
+    it walks the queue for gone work only when there is some (Batcher._prune, asked by every refusal check)."""
+
+    __slots__ = ("n",)
+
+    def __init__(self) -> None:
+        self.n = 0
+
+
+class ItemFuture(asyncio.Future):
+    """A queued item's future, which counts its own cancellation in its batcher's `Gone`. Nothing but the batcher
+    resolves its futures otherwise, so a queued item that is done was cancelled. (A pair cancelled on the device
+    costs one walk that finds nothing.)"""
+
+    __slots__ = ("gone",)
+    gone: Gone
+
+    def cancel(self, msg: Any = None) -> bool:
+        if not super().cancel(msg):
+            return False
+        self.gone.n += 1
+        return True
+
+
+def sweep(pending: Iterable[Item], now: float) -> tuple[deque[Item], list[Item], list[Item], float]:
+    """The queue split into the items that stay, the gone ones (future done: the caller left) and the late ones
+    (deadline passed: failed here with DeadlineExceeded); and the earliest deadline of those that stay."""
+    keep: deque[Item] = deque()
+    gone, late = [], []
+    earliest = math.inf
+    for it in pending:
+        if it.future.done():
+            gone.append(it)
+        elif it.deadline is None:
+            keep.append(it)
+        elif now >= it.deadline:
+            it.future.set_exception(DeadlineExceeded("deadline passed while queued"))
+            late.append(it)
+        else:
+            keep.append(it)
+            earliest = min(earliest, it.deadline)
+    return keep, gone, late, earliest
 
 
 def order(it: Item) -> tuple[int, float]:
@@ -209,6 +256,25 @@ def admission_table(refusal: Callable[[int], Overloaded | None], most: int, entr
         table.append((k, r))
         k = lo + 1
     return k - 1 if table else most, table
+
+
+def settle(batch: Sequence[Item], results: Sequence[Any]) -> None:
+    """Each item's result from its batch's `run`; a result that is an exception fails its item alone."""
+    for it, res in zip(batch, results, strict=True):
+        if it.future.done():
+            continue
+        if isinstance(res, BaseException):  # this item failed alone; the others have results
+            log.error("an item of %s failed alone: %s", it.tag or "untagged work", res)
+            it.future.set_exception(res)
+        else:
+            it.future.set_result(res)
+
+
+def fail(batch: Sequence[Item], error: BaseException) -> None:
+    """Fail the items of a batch not resolved yet."""
+    for it in batch:
+        if not it.future.done():
+            it.future.set_exception(error)
 
 
 def trace_batch(

@@ -69,6 +69,7 @@ class Models:
             name = e.name or checkpoint_name(resolve_model(e.path))  # a bare path: named as before
             self._served.append(Served(name, e, functools.partial(self.build, name)))
         self.on_reload: Callable[[], None] = lambda: None  # the engine lets go of the cache
+        self.on_queue_change: Callable[[], None] = lambda: None  # a queue changed: the engine core tells its fronts
         for m in self._served:
             for result in ("ok", "failed"):
                 metrics.model_reloads.labels(m.name, result)
@@ -118,6 +119,7 @@ class Models:
             pace=Pace(worker.size),
             max_queue_wait_s=s.max_queue_wait_ms / 1000,
             max_batch_s=s.max_batch_ms / 1000,
+            on_change=lambda: self.on_queue_change(),
         )
         background = None
         if jobs and s.jobs_dir is not None and resolve_job_processes(s, runtime)[0] == "idle":

@@ -425,3 +425,26 @@ def test_refusal_prunes_gone_work_once_and_only_when_some_is_gone():
         await b.stop()
 
     asyncio.run(main())
+
+
+def test_refusal_walks_the_queue_only_when_something_is_gone_or_due():
+    async def main():
+        b = make(Recorder(), max_queue_items=10)
+        soon = time.monotonic() + 0.05
+        futs = b.submit([(4, i) for i in range(5)], deadline=time.monotonic() + 60)
+        futs += b.submit([(4, i) for i in range(5, 10)], deadline=soon)
+        for _ in range(100):  # full, nothing gone, no deadline passed: no walk however often asked
+            assert b.refusal(1) is not None
+        assert b.walks == 0
+        futs[3].cancel()  # a caller leaves: the next check walks once and drops its pair
+        assert b.refusal(1) is None and b.outstanding == 9 and b.walks == 1
+        assert b.refusal(1) is None and b.walks == 1
+        b.submit([(4, "again")])
+        assert b.refusal(1) is not None and b.walks == 1
+        await asyncio.sleep(max(0.0, soon - time.monotonic()) + 0.01)  # the earliest deadline passes
+        assert b.refusal(1) is None and b.outstanding == 5 and b.walks == 2
+        assert all(isinstance(f.exception(), DeadlineExceeded) for f in futs[5:])
+        assert b.refusal(1) is None and b.walks == 2  # the next deadline is a minute away: no walk
+        await b.stop()
+
+    asyncio.run(main())

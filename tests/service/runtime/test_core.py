@@ -12,6 +12,7 @@ import pytest
 
 from service.app import build_engine
 from service.metrics import Metrics
+from service.runtime import core as core_module
 from service.runtime.batcher import Overloaded
 from service.runtime.core import CoreServer
 from service.runtime.remote import RemoteEngine
@@ -195,3 +196,53 @@ def test_the_core_s_loop_is_uvloop_where_installed_and_asyncio_s_without(monkeyp
     assert run_loop(kind()).startswith(uvloop.__name__)
     monkeypatch.setitem(sys.modules, "uvloop", None)  # not installed: import fails
     assert run_loop(kind()).startswith("asyncio")
+
+
+def test_the_core_works_out_full_and_admit_again_only_when_a_queue_changed(tmp_path, tiny_checkpoint, monkeypatch):
+    """Under overload the core's frames and queue changes ask for `full` and `admit`; while no queue's admission
+    state changed, neither is worked out again (counted); a change (a hung-up request's pairs let go) reaches the
+    fronts without waiting for a tick (there is none here after the first)."""
+    monkeypatch.setattr(core_module, "FULL_EVERY_S", 60.0)
+    monkeypatch.setattr(core_module, "STATE_EVERY_S", 60.0)
+
+    async def until(cond) -> bool:
+        for _ in range(300):
+            if cond():
+                return True
+            await asyncio.sleep(0.01)
+        return False
+
+    async def body(engine, remote, core):
+        b = engine.batcher
+        calls = {"refusal": 0, "admission": 0}
+
+        def counted(name):
+            method = getattr(b, name)
+
+            def call(*args, **kw):
+                calls[name] += 1
+                return method(*args, **kw)
+
+            return call
+
+        for name in calls:
+            setattr(b, name, counted(name))
+        b._slots._value = 0  # every model process busy: what is submitted stays queued
+        held = asyncio.ensure_future(remote.score(["q"] * 4, [f"title {i}" for i in range(4)], use_cache=False))
+        assert await until(lambda: core.full is not None and core.admit is not None)
+        seen = dict(calls)
+        for _ in range(20):
+            core.push_full()
+            core.push_admit(now=True)
+            await asyncio.sleep(0.002)
+        assert calls == seen  # nothing changed: nothing worked out again
+        held.cancel()  # the core lets its pairs go: room again, pushed
+        assert await until(lambda: core.full is None and core.admit is None and remote.refuse_early() is None)
+        assert calls["refusal"] > seen["refusal"] and b.outstanding == 0
+        b._slots._value = 1
+        b._wake.set()
+        return True
+
+    assert linked(
+        tmp_path, tiny_checkpoint, body, with_core=True, max_queue_pairs=4, max_pairs_per_request=4, max_wait_ms=1
+    )
