@@ -15,7 +15,6 @@ import os
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from model.levels import PairScore
 from model.tokenizer import PairTokenizer
 from service.logs import request_id
 from service.metrics import Metrics
@@ -23,7 +22,7 @@ from service.metrics_merge import samples
 from service.runtime.batcher import Closed, DeadlineExceeded, Overloaded
 from service.runtime.encoded import Stale
 from service.runtime.models import ModelNotFound, ReloadBusy, ReloadFailed
-from service.runtime.results import InferenceFailed, InputTooLong, Scored, Unreadable, check_readable
+from service.runtime.results import InferenceFailed, InputTooLong, Scored, Unreadable, check_readable, scored_of
 from service.runtime.texts import TextSide
 from service.runtime.wire import Channel, error_classes, load_error
 from service.runtime.workers.backend import BackendError, NotReady
@@ -276,13 +275,13 @@ class RemoteEngine(TextSide):
                 "tp": self.tracing.carrier(),  # the core's spans join this request's trace
             }
             try:
-                outs, lengths, cut, labels, served = await self._ask("scores", args)
+                rows = await self._ask("scores", args)
             except Stale:
                 changed = self._changed
                 if self._model_state(model)["generation"] == generation:  # the new state is on its way
                     await asyncio.wait_for(changed.wait(), STATE_WAIT_S)
                 continue
-            return Scored([PairScore(*o) for o in outs], lengths, cut, labels, served, enc.unknown)
+            return scored_of(rows, enc.unknown)  # the rows unpacked here, not in the core: the fronts scale
         raise NotReady(f"model {model or 'default'} is being reloaded")
 
     async def explain(self, query: str, title: str, model: str | None = None, **options) -> dict:

@@ -23,11 +23,11 @@ from service.runtime.batcher import HIGH, Batcher, Closed, DeadlineExceeded, Ove
 from service.runtime.cache import Cached, Key, ScoreCache, make_key
 from service.runtime.encoded import Encoded, Stale
 from service.runtime.flight import Flight, Flights
-from service.runtime.results import InferenceFailed, InputTooLong, Scored
+from service.runtime.results import InferenceFailed, InputTooLong, Rows, scored_of
 from service.runtime.workers.backend import BackendError
 from service.settings import Settings
 
-Reply = Callable[[BaseException | None, Scored | None], None]  # (error, or None and the answer)
+Reply = Callable[[BaseException | None, Rows | None], None]  # (error, or None and the answer)
 SLOW = "slow"  # `take`: this request needs Engine.score's awaited path
 
 
@@ -118,7 +118,7 @@ class Pending:
         self.release()
         if scored is not None and (shadow := side.models.shadow) is not None and self.served is side.models.default:
             a = self.args
-            shadow.offer(a["queries"], a["titles"], scored, a["truncation"], a["side"])
+            shadow.offer(a["queries"], a["titles"], scored_of(scored, a.get("unk") or []), a["truncation"], a["side"])
         self.reply(error, scored)
 
     def cancel(self) -> None:
@@ -266,22 +266,21 @@ class FrameSide:
             self.metrics.rejected.labels("overloaded").inc()
             raise
 
-    def answer(self, name: str, model: Any, keys: list[Key], found: dict[Key, Cached], flights: dict) -> Scored:
-        """The answer from each pair's result (the cache's, or its flight's), counted in the metrics (pairs,
-        levels): a request's pairs read once, with no object per pair."""
-        outs, lengths, cut, unknown = [], [], [], []
+    def answer(self, name: str, model: Any, keys: list[Key], found: dict[Key, Cached], flights: dict) -> Rows:
+        """The answer from each pair's row (the cache's, or its flight's: as the model process packed it, never
+        unpacked here), counted in the metrics (pairs, levels): a request's pairs read once."""
+        rows, lengths, cut = [], [], []
         for k in keys:
             src: Cached | Flight
             if (c := found.get(k)) is not None:
-                outs.append(c.output)
+                rows.append(c.row)
                 src = c
             else:
                 src = f = flights[k]
-                outs.append(f.future.result())
+                rows.append(f.future.result())
             lengths.append(src.length)  # a Cached and a Flight name these alike
             cut.append(src.truncated)
-            unknown.append(src.unknown)
-        self.tally(self._series(self.metrics.pairs, name), len(outs))
+        self.tally(self._series(self.metrics.pairs, name), len(rows))
         levels = model.labels
         series = self._level_series.get(name)
         if series is None or series[0] is not levels:
@@ -289,10 +288,10 @@ class FrameSide:
         t, by_level = self._tally, series[1]
         if not t:
             asyncio.get_running_loop().call_soon(self._count_tally)
-        for o in outs:
-            s = by_level[o.level]
+        for r in rows:
+            s = by_level[r[0]]  # a row's first byte is its level
             t[s] = t.get(s, 0) + 1
-        return Scored(outs, lengths, cut, levels, name, unknown)
+        return b"".join(rows), lengths, cut, levels, name
 
     def tally(self, series: Any, n: int) -> None:
         """Add `n` to a metric series at the end of this turn of the event loop: one locked increment a
