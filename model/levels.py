@@ -148,13 +148,14 @@ class ScoredBatch(Generic[C]):
         """The batch's rows, joined (see `pack_row`): what a model process sends for a batch."""
         import numpy as np  # the columns are numpy arrays (or tensors, which numpy reads)
 
-        k = len(self.logits[0]) if len(self) else 1
+        logits = np.asarray(self.logits)
+        k = logits.shape[1]
         if k > 255:
             raise ValueError(f"{k} levels: a row holds at most 255")
         rows = np.empty(len(self), np.dtype([("level", "u1"), ("scores", "<f8", (2 * k + 1,))]))
         rows["level"] = self.level
         scores = rows["scores"]
-        scores[:, :k] = self.logits
+        scores[:, :k] = logits
         scores[:, k : 2 * k] = self.probs
         scores[:, 2 * k] = self.expected
         return rows.tobytes()

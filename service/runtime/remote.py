@@ -15,7 +15,7 @@ import os
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from model.tokenizer import PairTokenizer
+from model.tokenizer import PairTokenizer, pack_pair
 from service.logs import request_id
 from service.metrics import Metrics
 from service.metrics_merge import samples
@@ -256,6 +256,8 @@ class RemoteEngine(TextSide):
                 raise refused  # before tokenising it: the core would refuse it before looking at its tokens
             enc = await self._encode(info, queries, titles, truncation, side)
             check_readable(enc.unknown, max_unknown)  # counted here: the core gets the ids, and the shares to cache
+            packed = [pack_pair(*p) for p in zip(enc.input_ids, enc.token_type_ids)]  # bytes: the core passes them on
+            ids, segs = [p[0] for p in packed], [p[1] for p in packed]
             args = {
                 "model": model,
                 "generation": generation,
@@ -267,8 +269,8 @@ class RemoteEngine(TextSide):
                 "priority": priority,
                 "queries": queries,
                 "titles": titles,
-                "ids": enc.input_ids,
-                "segs": enc.token_type_ids,
+                "ids": ids,
+                "segs": segs,
                 "cut": enc.truncated,
                 "unk": enc.unknown,
                 "rid": request_id.get() or "",

@@ -28,7 +28,9 @@ from model.levels import MAX_BATCH_TOKENS
 if TYPE_CHECKING:  # the model lives in the model processes
     from model.relevance import RelevanceModel
 
-Encoded = tuple[list[int], list[int]]  # (input_ids, token_type_ids) of one pair
+# (input_ids, token_type_ids) of one pair: lists, or bytes as a front process packs them (model.tokenizer.pack_pair:
+# the engine core passes them on as they came; the model process unpacks them)
+Encoded = tuple[list[int], list[int]] | tuple[bytes, bytes]
 # A forwarded batch: its rows, joined, in batch order (model.levels.ScoredBatch.pack: one `bytes` to unpickle,
 # where numpy columns cost the event loop a reconstruction each), and the forward pass's seconds
 Forwarded = tuple[bytes, float]

@@ -239,7 +239,7 @@ class Worker:
             raise
         else:
             self._obs.forwarded(seconds)
-            return split_rows(rows, len(batch))
+            return [*split_rows(rows, len(batch))]
         reason = "process_died" if isinstance(failure, ProcessDied) else "error"
         if len(batch) == 1:
             self._obs.batch_failed(reason)

@@ -17,7 +17,13 @@ import pytest
 from model.levels import unpack_row
 from service.runtime.workers.backend import LoadSpec
 from service.runtime.workers.worker import Worker
-from tests.service.runtime.workers.hooked import PADDING, big_reply_stopped_midway, close_pipe_and_linger, hooked, scores
+from tests.service.runtime.workers.hooked import (
+    PADDING,
+    big_reply_stopped_midway,
+    close_pipe_and_linger,
+    hooked,
+    scores,
+)
 from tests.service.runtime.workers.test_worker import Restarts, three_pairs
 
 HELD_S = 1.5  # how long a test keeps a model process stopped: a loop blocked meanwhile shows as a gap this long
