@@ -210,15 +210,8 @@ class FrameSide:
         p.found = found
         flights = p.flights
         look = a["use_cache"] and self.cache.enabled
-        todo = self.lookup(slot, keys, look, priority, found, flights)
-        m, hits, joined, fresh = self.metrics, len(found), len(flights), len(todo)
-        if look:
-            self.tally(m.cache_hits, hits)
-            self.tally(m.cache_misses, joined + fresh)
-        if folded := len(keys) - hits - joined - fresh:
-            self.tally(self._series(m.folded, "request"), folded)
-        if joined:
-            self.tally(self._series(m.folded, "in_flight"), joined)
+        # admitted once, by the batcher's submit, its tokens known (the awaited path admits before tokenising too)
+        todo = self.lookup(slot, keys, look, priority, found, flights, admit=False)
         enc = Encoded.pick_from(a["ids"], a["segs"], a["cut"], a.get("unk") or [], list(todo.values()))
         if not a["allow_truncation"]:
             cut = {k: c.truncated for k, c in found.items()} | {k: f.truncated for k, f in flights.items()}
@@ -232,17 +225,26 @@ class FrameSide:
             unknown = enc.unknown or [0.0] * len(items)
             for k, fut, (length, payload), cut_, unk in zip(todo, futures, items, enc.truncated, unknown):
                 flights[k] = self.flights.start(k, Flight(fut, payload, length, cut_, p.deadline, unk))
+        m, hits, joined, fresh = self.metrics, len(found), len(flights) - len(todo), len(todo)
+        if look:
+            self.tally(m.cache_hits, hits)
+            self.tally(m.cache_misses, joined + fresh)
+        if folded := len(keys) - hits - joined - fresh:
+            self.tally(self._series(m.folded, "request"), folded)
+        if joined:
+            self.tally(self._series(m.folded, "in_flight"), joined)
         p.waiting = True
         for k, f in flights.items():
             f.waiters += 1
             p.watch(k, f)
 
     def lookup(
-        self, slot: Any, keys: list[Key], look: bool, priority: int, found: dict, flights: dict
+        self, slot: Any, keys: list[Key], look: bool, priority: int, found: dict, flights: dict, admit: bool = True
     ) -> dict[Key, int]:
         """Each distinct key into `found` (the cache's, when `look`), `flights` (in flight already) or the
-        returned todo (key -> index of its first pair), which is admitted; a high request promotes the
-        flights it joins. Both scoring paths, the awaited one and the frame's, start here."""
+        returned todo (key -> index of its first pair), which is admitted (unless not `admit`: the caller admits
+        it); a high request promotes the flights it joins. Both scoring paths, the awaited one and the frame's,
+        start here."""
         todo: dict[Key, int] = {}
         for i, k in enumerate(keys):
             if k in found or k in flights or k in todo:
@@ -255,7 +257,7 @@ class FrameSide:
                 todo[k] = i
         if flights and priority == HIGH:  # a pair a low-priority request queued now waits for no one
             slot.batcher.promote([f.future for f in flights.values()])
-        if todo:
+        if todo and admit:
             self._admit(slot, len(todo), priority)
         return todo
 
