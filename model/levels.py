@@ -120,10 +120,9 @@ D = TypeVar("D", bound=Column)
 @dataclass
 class ScoredBatch(Generic[C]):
     """Scored pairs as columns, rows in input order: float32 (level int64). The model scores into torch
-    tensors (`model.scoring.score_logits`); a batch crosses the model process's pipe, and bulk scoring reads
-    and writes it, as numpy arrays (`map`): a 50-pair batch's arrays pickle and unpickle in ~0.7x the time of
-    plain lists and ~0.3x that of a PairScore per pair (Zen 4). In bulk scoring a bad row has NaN scores and
-    level -1."""
+    tensors (`model.scoring.score_logits`); bulk scoring reads and writes it as numpy arrays (`map`); a batch
+    crosses the model process's pipe as its packed rows (`pack`: one `bytes`, which the server unpickles at no
+    cost a pair and keeps a slice of a pair). In bulk scoring a bad row has NaN scores and level -1."""
 
     logits: C  # (B, k)
     probs: C  # (B, k), per level in the order of the model's labels
