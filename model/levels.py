@@ -1,10 +1,11 @@
 """The levels of a grade, without torch: the default 5-level scale, each level's numeric value, the
 expected level on 0..1, the one default batch budget, and the two shapes of scored pairs: one pair as plain
-numbers (`PairScore`) and a batch as columns (`ScoredBatch`). Imported by the HTTP layer, the service and
-the settings, which need these numbers but not the network."""
+numbers (`PairScore`), a batch as columns (`ScoredBatch`), and a pair packed as bytes (a row: `pack_row`). Imported
+by the HTTP layer, the service and the settings, which need these numbers but not the network."""
 
 from __future__ import annotations
 
+import struct
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, Protocol, TypeVar
@@ -57,6 +58,53 @@ class PairScore:
     expected: float  # expected level: the ranking score
 
 
+# A pair's row: its level as one byte (so that `row[0]` reads it without unpacking), then its logits,
+# probabilities and expected level as little-endian float64s: exact for the float32s the model scores in and
+# for any Python float, so a row unpacks to the very PairScore `ScoredBatch.rows` gives. A model process packs
+# a batch's rows (`ScoredBatch.pack`); the engine keeps each pair's row as it is (its flight's result, its cache
+# entry, its answer to a front process) and the HTTP side unpacks it (`unpack_row`, `unpack_rows`).
+_ROWS: dict[int, tuple[struct.Struct, int]] = {}  # a row's length -> its format and the levels it holds
+
+
+def _row_format(size: int) -> tuple[struct.Struct, int]:
+    got = _ROWS.get(size)
+    if got is None:
+        k, odd = divmod(size - 9, 16)
+        if odd or k < 1:
+            raise ValueError(f"{size} bytes is no scored pair's row")
+        got = _ROWS[size] = (struct.Struct(f"<B{2 * k + 1}d"), k)
+    return got
+
+
+def pack_row(o: PairScore) -> bytes:
+    """One pair's row (see above)."""
+    fmt, _ = _row_format(9 + 16 * len(o.logits))
+    return fmt.pack(o.level, *o.logits, *o.probs, o.expected)
+
+
+def unpack_row(row: bytes) -> PairScore:
+    fmt, k = _row_format(len(row))
+    v = fmt.unpack(row)
+    return PairScore(list(v[1 : k + 1]), list(v[k + 1 : 2 * k + 1]), v[0], v[2 * k + 1])
+
+
+def unpack_rows(rows: bytes, n: int) -> list[PairScore]:
+    """`n` pairs' rows, joined."""
+    if not n:
+        return []
+    fmt, k = _row_format(len(rows) // n)
+    a, b, e = k + 1, 2 * k + 1, 2 * k + 1
+    return [PairScore(list(v[1:a]), list(v[a:b]), v[0], v[e]) for v in fmt.iter_unpack(rows)]
+
+
+def split_rows(rows: bytes, n: int) -> list[bytes]:
+    """`n` pairs' rows, joined, as one `bytes` a pair."""
+    if not n:
+        return []
+    size = len(rows) // n
+    return [rows[i : i + size] for i in range(0, size * n, size)]
+
+
 class Column(Protocol):
     """What a ScoredBatch's columns are: a torch tensor or a numpy array."""
 
@@ -72,10 +120,9 @@ D = TypeVar("D", bound=Column)
 @dataclass
 class ScoredBatch(Generic[C]):
     """Scored pairs as columns, rows in input order: float32 (level int64). The model scores into torch
-    tensors (`model.scoring.score_logits`); a batch crosses the model process's pipe, and bulk scoring reads
-    and writes it, as numpy arrays (`map`): a 50-pair batch's arrays pickle and unpickle in ~0.7x the time of
-    plain lists and ~0.3x that of a PairScore per pair (Zen 4). In bulk scoring a bad row has NaN scores and
-    level -1."""
+    tensors (`model.scoring.score_logits`); bulk scoring reads and writes it as numpy arrays (`map`); a batch
+    crosses the model process's pipe as its packed rows (`pack`: one `bytes`, which the server unpickles at no
+    cost a pair and keeps a slice of a pair). In bulk scoring a bad row has NaN scores and level -1."""
 
     logits: C  # (B, k)
     probs: C  # (B, k), per level in the order of the model's labels
@@ -95,6 +142,22 @@ class ScoredBatch(Generic[C]):
         """The same batch with `f` applied to each column (e.g. torch tensors to numpy arrays)."""
         window = None if self.window is None else f(self.window)
         return ScoredBatch(f(self.logits), f(self.probs), f(self.expected), f(self.level), window)
+
+    def pack(self) -> bytes:
+        """The batch's rows, joined (see `pack_row`): what a model process sends for a batch."""
+        import numpy as np  # the columns are numpy arrays (or tensors, which numpy reads)
+
+        logits = np.asarray(self.logits)
+        k = logits.shape[1]
+        if k > 255:
+            raise ValueError(f"{k} levels: a row holds at most 255")
+        rows = np.empty(len(self), np.dtype([("level", "u1"), ("scores", "<f8", (2 * k + 1,))]))
+        rows["level"] = self.level
+        scores = rows["scores"]
+        scores[:, :k] = logits
+        scores[:, k : 2 * k] = self.probs
+        scores[:, 2 * k] = self.expected
+        return rows.tobytes()
 
     def rows(self) -> list[PairScore]:
         """One PairScore per row, as plain Python numbers."""

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import re
+from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -41,10 +42,25 @@ class EncodedPairs:
 
     @property
     def lengths(self) -> list[int]:
-        return [len(ids) for ids in self.input_ids]
+        # a pair's token type ids are as many as its ids, and as many bytes packed (`pack_pair`): either way
+        return [len(types) for types in self.token_type_ids]
 
     def __len__(self) -> int:
         return len(self.input_ids)
+
+
+def pack_pair(ids: list[int], types: list[int]) -> tuple[bytes, bytes]:
+    """A pair's ids as uint32s and its token type ids as bytes: how a front process sends them to the engine core,
+    which passes them on to a model process without a Python int per token (`unpack_pair` there)."""
+    return array("I", ids).tobytes(), bytes(types)
+
+
+def unpack_pair(pair: tuple) -> tuple[list[int], list[int]]:
+    """A pair's (ids, token type ids) as lists, from `pack_pair`'s bytes or lists already."""
+    ids, types = pair
+    if isinstance(ids, list):
+        return ids, types
+    return memoryview(ids).cast("I").tolist(), list(types)
 
 
 @dataclass(slots=True)

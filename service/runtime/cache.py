@@ -2,9 +2,10 @@
 
 A key is the model's name and load generation, the truncation mode and side, `max_length`, the query and
 the title: the same key always means the same token ids through the same weights, so a hit returns exactly
-what a forward would. The value is the pair's `PairScore` (logits, probabilities, level, expected level)
-with its token count, truncation flag and unknown share, packed into one `bytes` of doubles: floats round-trip bit for
-bit, and an entry costs ~330 bytes plus its texts instead of ~1 KB of Python lists and floats.
+what a forward would. The value is the pair's row as the model process packed it (model.levels.pack_row: its
+level, logits, probabilities and expected level, floats as doubles, bit for bit) followed by its token count,
+truncation flag and unknown share: one `bytes`, ~330 bytes an entry plus its texts instead of ~1 KB of Python lists
+and floats. A hit hands the row on as it is (the engine core sends it to a front process, which unpacks it).
 
 Bounded by bytes (each entry charged its measured size, `entry_bytes`), least recently used out first.
 It knows nothing of HTTP, torch or the batcher; the engine uses it on the event loop only (no locks).
@@ -16,8 +17,6 @@ import struct
 import sys
 from collections import OrderedDict
 from dataclasses import dataclass
-
-from model.levels import PairScore
 
 # What an entry costs beyond its texts and packed value, measured with tracemalloc on 100k entries (201
 # bytes; tests/service/runtime/test_cache.py holds the charge to the traced memory): the key tuple (7
@@ -35,15 +34,14 @@ def make_key(model: str, generation: int, truncation: str, side: str, max_length
 class Cached:
     """A pair as the model scored it, and as the tokenizer saw it."""
 
-    output: PairScore
+    row: bytes  # its scores (model.levels.pack_row)
     length: int  # tokens, special tokens included
     truncated: bool
     unknown: float  # the share of its text the model cannot read (EncodedPairs.unknown)
 
 
-def _fmt(classes: int) -> struct.Struct:
-    # logits, probs, expected, unknown share as float64 (exact for Python floats), then level, length, truncated
-    return struct.Struct(f"<{2 * classes + 2}dHH?")
+# after the row: the unknown share as float64 (exact for a Python float), the length, the truncation flag
+_TAIL = struct.Struct("<dH?")
 
 
 class ScoreCache:
@@ -52,7 +50,6 @@ class ScoreCache:
     def __init__(self, max_bytes: int):
         self.max_bytes = max_bytes
         self._entries: OrderedDict[Key, bytes] = OrderedDict()
-        self._fmts: dict[int, struct.Struct] = {}
         self.bytes = 0  # the charge of the entries held
         self.evictions = 0
 
@@ -105,17 +102,15 @@ class ScoreCache:
             "policy": "lru",
         }
 
-    def _pack(self, c: Cached) -> bytes:
-        o = c.output
-        k = len(o.logits)
-        fmt = self._fmts.get(k) or self._fmts.setdefault(k, _fmt(k))
-        return fmt.pack(*o.logits, *o.probs, o.expected, c.unknown, o.level, c.length, c.truncated)
+    @staticmethod
+    def _pack(c: Cached) -> bytes:
+        return c.row + _TAIL.pack(c.unknown, c.length, c.truncated)
 
-    def _unpack(self, packed: bytes) -> Cached:
-        k = (len(packed) - 13) // 16
-        vals = self._fmts[k].unpack(packed)
-        out = PairScore(list(vals[:k]), list(vals[k : 2 * k]), vals[2 * k + 2], vals[2 * k])
-        return Cached(out, vals[2 * k + 3], vals[2 * k + 4], vals[2 * k + 1])
+    @staticmethod
+    def _unpack(packed: bytes) -> Cached:
+        end = len(packed) - _TAIL.size
+        unknown, length, truncated = _TAIL.unpack_from(packed, end)
+        return Cached(packed[:end], length, truncated, unknown)
 
 
 def entry_bytes(key: Key, packed: bytes) -> int:

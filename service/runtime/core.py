@@ -11,7 +11,9 @@ tokenisation and response shaping, and send the core token ids over a Unix socke
                     ("call", id, name, args) explain, reload, info, model_list, jobs_wake: rare, by name
                     ("metrics", id)          /metrics: the core asks every front for its samples
                     ("cancel", id)           the client hung up: the core drops the request's pairs
-    core -> front   ("done", 0, [(id, ok, value or error), ...])  the score answers of one turn
+    core -> front   ("done", 0, [(id, ok, rows or error), ...])  the score answers of one turn: each
+                                             request's rows as the model processes packed them, joined
+                                             (service.runtime.results.Rows), which the front unpacks
                     ("ok", id, value) or ("err", id, error)  a call's answer (and a score held by a reload)
                     ("state", 0, snapshot)   readiness, liveness and each model's generation and path,
                                              pushed on every change (probes never wait on the core)
@@ -47,6 +49,7 @@ from service.logs import request_id
 from service.metrics_merge import FrontSamples, merge, samples
 from service.runtime.encoded import Encoded
 from service.runtime.engine import Engine
+from service.runtime.results import Rows, rows_of
 from service.runtime.scoring import SLOW, Pending, Turn
 from service.runtime.wire import Channel, dump_error
 
@@ -73,11 +76,6 @@ def run_loop(main: Coroutine[Any, Any, T]) -> T:
         return asyncio.run(main)
     with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
         return runner.run(main)
-
-
-def scored_value(s) -> tuple:
-    """A `Scored` as plain values (service.runtime.remote rebuilds it)."""
-    return ([(o.logits, o.probs, o.level, o.expected) for o in s.outputs], s.lengths, s.truncated, s.labels, s.model)
 
 
 class Link:
@@ -134,12 +132,12 @@ class Link:
         self.core.push_full()
         self.core.push_admit(now=bool(turn.touched))  # work was queued: the fronts hear it before the next frame
 
-    def _reply(self, rid: int, error: BaseException | None, scored) -> None:
+    def _reply(self, rid: int, error: BaseException | None, rows: Rows | None) -> None:
         self.pending.pop(rid, None)
         if self.core.full is not None:  # a batch has left the queue: room, maybe, told with this answer
             self.core.push_full_soon()
         if error is None:
-            self.channel.send_item("done", (rid, True, scored_value(scored)))
+            self.channel.send_item("done", (rid, True, rows))
         else:
             self.channel.send_item("done", (rid, False, dump_error(error)))
 
@@ -347,7 +345,7 @@ class CoreServer:
                 enc = Encoded(
                     EncodedPairs(a.pop("ids"), a.pop("segs"), a.pop("cut"), a.pop("unk")), a.pop("generation")
                 )
-                return scored_value(await self.engine.score(a.pop("queries"), a.pop("titles"), encoded=enc, **a))
+                return rows_of(await self.engine.score(a.pop("queries"), a.pop("titles"), encoded=enc, **a))
         finally:
             request_id.reset(token)
 

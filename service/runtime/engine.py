@@ -21,6 +21,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from model.levels import unpack_row
 from service.logs import request_id
 from service.metrics import Metrics
 from service.runtime.api import EngineAPI
@@ -304,10 +305,10 @@ class Engine(TextSide, FrameSide):
         outputs = [found[k] for k in keys]
         self._series(self.metrics.pairs, name).inc(len(outputs))
         levels = model.labels
-        for level, n in Counter(c.output.level for c in outputs).items():
+        for level, n in Counter(c.row[0] for c in outputs).items():  # a row's first byte is its level
             self._series(self.metrics.levels, name, levels[level]).inc(n)
         return Scored(
-            [c.output for c in outputs],
+            [unpack_row(c.row) for c in outputs],
             [c.length for c in outputs],
             [c.truncated for c in outputs],
             model.labels,

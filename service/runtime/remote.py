@@ -15,15 +15,14 @@ import os
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from model.levels import PairScore
-from model.tokenizer import PairTokenizer
+from model.tokenizer import PairTokenizer, pack_pair
 from service.logs import request_id
 from service.metrics import Metrics
 from service.metrics_merge import samples
 from service.runtime.batcher import Closed, DeadlineExceeded, Overloaded
 from service.runtime.encoded import Stale
 from service.runtime.models import ModelNotFound, ReloadBusy, ReloadFailed
-from service.runtime.results import InferenceFailed, InputTooLong, Scored, Unreadable, check_readable
+from service.runtime.results import InferenceFailed, InputTooLong, Scored, Unreadable, check_readable, scored_of
 from service.runtime.texts import TextSide
 from service.runtime.wire import Channel, error_classes, load_error
 from service.runtime.workers.backend import BackendError, NotReady
@@ -257,6 +256,8 @@ class RemoteEngine(TextSide):
                 raise refused  # before tokenising it: the core would refuse it before looking at its tokens
             enc = await self._encode(info, queries, titles, truncation, side)
             check_readable(enc.unknown, max_unknown)  # counted here: the core gets the ids, and the shares to cache
+            packed = [pack_pair(*p) for p in zip(enc.input_ids, enc.token_type_ids)]  # bytes: the core passes them on
+            ids, segs = [p[0] for p in packed], [p[1] for p in packed]
             args = {
                 "model": model,
                 "generation": generation,
@@ -268,21 +269,21 @@ class RemoteEngine(TextSide):
                 "priority": priority,
                 "queries": queries,
                 "titles": titles,
-                "ids": enc.input_ids,
-                "segs": enc.token_type_ids,
+                "ids": ids,
+                "segs": segs,
                 "cut": enc.truncated,
                 "unk": enc.unknown,
                 "rid": request_id.get() or "",
                 "tp": self.tracing.carrier(),  # the core's spans join this request's trace
             }
             try:
-                outs, lengths, cut, labels, served = await self._ask("scores", args)
+                rows = await self._ask("scores", args)
             except Stale:
                 changed = self._changed
                 if self._model_state(model)["generation"] == generation:  # the new state is on its way
                     await asyncio.wait_for(changed.wait(), STATE_WAIT_S)
                 continue
-            return Scored([PairScore(*o) for o in outs], lengths, cut, labels, served, enc.unknown)
+            return scored_of(rows, enc.unknown)  # the rows unpacked here, not in the core: the fronts scale
         raise NotReady(f"model {model or 'default'} is being reloaded")
 
     async def explain(self, query: str, title: str, model: str | None = None, **options) -> dict:

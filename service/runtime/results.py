@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from model.levels import PairScore
+from model.levels import PairScore, pack_row, unpack_rows
 from model.tokenizer import EncodedPairs, PairCut
 from service.runtime.workers.backend import BackendError
 
@@ -39,6 +39,21 @@ class Scored:
     def tokens(self) -> int:
         """The tokens the request cost: with windows, every window's."""
         return self.window_tokens if self.picks is not None else sum(self.lengths)
+
+
+# A request's answer as the engine core sends it to a front process: its pairs' rows joined (model.levels.pack_row,
+# as the model processes packed them: the core unpacks no score), their lengths and truncation flags, the model's
+# levels and its name. service.runtime.scoring builds it; the front rebuilds the Scored (`scored_of`).
+Rows = tuple[bytes, list[int], list[bool], list[str], str]
+
+
+def rows_of(s: Scored) -> Rows:
+    return (b"".join(map(pack_row, s.outputs)), s.lengths, s.truncated, s.labels, s.model)
+
+
+def scored_of(rows: Rows, unknown: list[float]) -> Scored:
+    packed, lengths, truncated, labels, model = rows
+    return Scored(unpack_rows(packed, len(lengths)), lengths, truncated, labels, model, unknown)
 
 
 @dataclass

@@ -23,11 +23,11 @@ from service.runtime.batcher import HIGH, Batcher, Closed, DeadlineExceeded, Ove
 from service.runtime.cache import Cached, Key, ScoreCache, make_key
 from service.runtime.encoded import Encoded, Stale
 from service.runtime.flight import Flight, Flights
-from service.runtime.results import InferenceFailed, InputTooLong, Scored
+from service.runtime.results import InferenceFailed, InputTooLong, Rows, scored_of
 from service.runtime.workers.backend import BackendError
 from service.settings import Settings
 
-Reply = Callable[[BaseException | None, Scored | None], None]  # (error, or None and the answer)
+Reply = Callable[[BaseException | None, Rows | None], None]  # (error, or None and the answer)
 SLOW = "slow"  # `take`: this request needs Engine.score's awaited path
 
 
@@ -118,7 +118,7 @@ class Pending:
         self.release()
         if scored is not None and (shadow := side.models.shadow) is not None and self.served is side.models.default:
             a = self.args
-            shadow.offer(a["queries"], a["titles"], scored, a["truncation"], a["side"])
+            shadow.offer(a["queries"], a["titles"], scored_of(scored, a.get("unk") or []), a["truncation"], a["side"])
         self.reply(error, scored)
 
     def cancel(self) -> None:
@@ -210,15 +210,8 @@ class FrameSide:
         p.found = found
         flights = p.flights
         look = a["use_cache"] and self.cache.enabled
-        todo = self.lookup(slot, keys, look, priority, found, flights)
-        m, hits, joined, fresh = self.metrics, len(found), len(flights), len(todo)
-        if look:
-            self.tally(m.cache_hits, hits)
-            self.tally(m.cache_misses, joined + fresh)
-        if folded := len(keys) - hits - joined - fresh:
-            self.tally(self._series(m.folded, "request"), folded)
-        if joined:
-            self.tally(self._series(m.folded, "in_flight"), joined)
+        # admitted once, by the batcher's submit, its tokens known (the awaited path admits before tokenising too)
+        todo = self.lookup(slot, keys, look, priority, found, flights, admit=False)
         enc = Encoded.pick_from(a["ids"], a["segs"], a["cut"], a.get("unk") or [], list(todo.values()))
         if not a["allow_truncation"]:
             cut = {k: c.truncated for k, c in found.items()} | {k: f.truncated for k, f in flights.items()}
@@ -232,17 +225,26 @@ class FrameSide:
             unknown = enc.unknown or [0.0] * len(items)
             for k, fut, (length, payload), cut_, unk in zip(todo, futures, items, enc.truncated, unknown):
                 flights[k] = self.flights.start(k, Flight(fut, payload, length, cut_, p.deadline, unk))
+        m, hits, joined, fresh = self.metrics, len(found), len(flights) - len(todo), len(todo)
+        if look:
+            self.tally(m.cache_hits, hits)
+            self.tally(m.cache_misses, joined + fresh)
+        if folded := len(keys) - hits - joined - fresh:
+            self.tally(self._series(m.folded, "request"), folded)
+        if joined:
+            self.tally(self._series(m.folded, "in_flight"), joined)
         p.waiting = True
         for k, f in flights.items():
             f.waiters += 1
             p.watch(k, f)
 
     def lookup(
-        self, slot: Any, keys: list[Key], look: bool, priority: int, found: dict, flights: dict
+        self, slot: Any, keys: list[Key], look: bool, priority: int, found: dict, flights: dict, admit: bool = True
     ) -> dict[Key, int]:
         """Each distinct key into `found` (the cache's, when `look`), `flights` (in flight already) or the
-        returned todo (key -> index of its first pair), which is admitted; a high request promotes the
-        flights it joins. Both scoring paths, the awaited one and the frame's, start here."""
+        returned todo (key -> index of its first pair), which is admitted (unless not `admit`: the caller admits
+        it); a high request promotes the flights it joins. Both scoring paths, the awaited one and the frame's,
+        start here."""
         todo: dict[Key, int] = {}
         for i, k in enumerate(keys):
             if k in found or k in flights or k in todo:
@@ -255,7 +257,7 @@ class FrameSide:
                 todo[k] = i
         if flights and priority == HIGH:  # a pair a low-priority request queued now waits for no one
             slot.batcher.promote([f.future for f in flights.values()])
-        if todo:
+        if todo and admit:
             self._admit(slot, len(todo), priority)
         return todo
 
@@ -266,22 +268,21 @@ class FrameSide:
             self.metrics.rejected.labels("overloaded").inc()
             raise
 
-    def answer(self, name: str, model: Any, keys: list[Key], found: dict[Key, Cached], flights: dict) -> Scored:
-        """The answer from each pair's result (the cache's, or its flight's), counted in the metrics (pairs,
-        levels): a request's pairs read once, with no object per pair."""
-        outs, lengths, cut, unknown = [], [], [], []
+    def answer(self, name: str, model: Any, keys: list[Key], found: dict[Key, Cached], flights: dict) -> Rows:
+        """The answer from each pair's row (the cache's, or its flight's: as the model process packed it, never
+        unpacked here), counted in the metrics (pairs, levels): a request's pairs read once."""
+        rows, lengths, cut = [], [], []
         for k in keys:
             src: Cached | Flight
             if (c := found.get(k)) is not None:
-                outs.append(c.output)
+                rows.append(c.row)
                 src = c
             else:
                 src = f = flights[k]
-                outs.append(f.future.result())
+                rows.append(f.future.result())
             lengths.append(src.length)  # a Cached and a Flight name these alike
             cut.append(src.truncated)
-            unknown.append(src.unknown)
-        self.tally(self._series(self.metrics.pairs, name), len(outs))
+        self.tally(self._series(self.metrics.pairs, name), len(rows))
         levels = model.labels
         series = self._level_series.get(name)
         if series is None or series[0] is not levels:
@@ -289,10 +290,10 @@ class FrameSide:
         t, by_level = self._tally, series[1]
         if not t:
             asyncio.get_running_loop().call_soon(self._count_tally)
-        for o in outs:
-            s = by_level[o.level]
+        for r in rows:
+            s = by_level[r[0]]  # a row's first byte is its level
             t[s] = t.get(s, 0) + 1
-        return Scored(outs, lengths, cut, levels, name, unknown)
+        return b"".join(rows), lengths, cut, levels, name
 
     def tally(self, series: Any, n: int) -> None:
         """Add `n` to a metric series at the end of this turn of the event loop: one locked increment a

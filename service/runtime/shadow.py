@@ -21,6 +21,7 @@ from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
+from model.levels import unpack_row
 from service.metrics import Metrics
 from service.runtime.slot import Served, Slot
 from service.runtime.workers.backend import State
@@ -154,7 +155,7 @@ class Shadow:
             if isinstance(out, BaseException):
                 m.shadow_dropped.labels(self.name, "failed").inc()
                 continue
-            live, live_labels = group[i][3], group[i][4]
+            live, live_labels, out = group[i][3], group[i][4], unpack_row(out)
             level = live_labels[live.level]
             m.shadow_pairs.labels(self.name, level).inc()
             if info.labels[out.level] == level:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import time
 
-from model.levels import PairScore
+from model.levels import PairScore, unpack_row
 from service.runtime.background import Background
 from service.runtime.batching import HIGH, LOW
 from service.runtime.engine import Engine, InferenceFailed
@@ -46,4 +46,4 @@ async def forward_whole(
     errors = [o for o in out if isinstance(o, Exception)]
     if errors:
         raise InferenceFailed(f"inference failed: {errors[0]}") from errors[0]
-    return [o for o in out if isinstance(o, PairScore)]
+    return [unpack_row(o) for o in out if isinstance(o, bytes)]

@@ -86,3 +86,21 @@ def test_level_rule_round_trips_through_save_and_load_and_is_applied(tiny_checkp
         want = LevelRule(tuple(m.rule.cuts)).levels(torch.empty(0), torch.tensor([p.expected for p in got]))
         assert [p.level for p in got] == want.tolist()
         assert {m.labels[p.level] for p in got} == {"2", "3", "4", "5"}
+
+
+@pytest.mark.parametrize("levels", [1, 5])
+def test_a_batchs_packed_rows_are_its_pair_scores_bit_for_bit(levels):
+    """A model process sends a batch's rows as bytes (ScoredBatch.pack); unpacked, each row is the PairScore that
+    `rows` gives, float for float; a row's first byte is its level."""
+    from model.levels import pack_row, split_rows, unpack_row, unpack_rows
+
+    g = torch.Generator().manual_seed(levels)
+    logits = torch.randn(7, levels, generator=g) * 4
+    scored = score_logits(logits, level_values([str(i) for i in range(levels)]), LevelRule())
+    want = scored.rows()
+    packed = scored.map(torch.Tensor.numpy).pack()
+    rows = split_rows(packed, 7)
+    assert unpack_rows(packed, 7) == want and [unpack_row(r) for r in rows] == want
+    assert [pack_row(o) for o in want] == rows and [r[0] for r in rows] == [o.level for o in want]
+    assert all(type(o.level) is int and type(o.expected) is float for o in unpack_rows(packed, 7))
+    assert unpack_rows(b"", 0) == [] and split_rows(b"", 0) == []

@@ -346,3 +346,15 @@ def test_ascii_fast_path_with_a_normalised_added_token(tok):
     assert mine._ascii is not None and mine._ascii.encode(texts[0]) is None
     assert mine.encode_texts(texts) == library_ids(lib, texts)
     assert lib.token_to_id("powerdrill") in mine.encode_texts(texts[:1])[0]
+
+
+def test_a_packed_pair_unpacks_to_its_ids_and_counts_its_tokens(tok):
+    """How a front process sends a pair's ids to the engine core (bytes, no int a token), and back as lists."""
+    from model.tokenizer import EncodedPairs, pack_pair, unpack_pair
+
+    enc = tok.encode(["cordless drill"], ["DEWALT 20V MAX cordless drill " * 30])
+    ids, types = enc.input_ids[0], enc.token_type_ids[0]
+    packed = pack_pair(ids, types)
+    assert unpack_pair(packed) == (ids, types) and unpack_pair((ids, types)) == (ids, types)
+    assert EncodedPairs([packed[0]], [packed[1]], [True]).lengths == enc.lengths
+    assert unpack_pair(pack_pair([10**6, 0], [0, 1])) == ([10**6, 0], [0, 1])

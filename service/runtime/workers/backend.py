@@ -23,16 +23,17 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import TYPE_CHECKING, Any
 
-from model.levels import MAX_BATCH_TOKENS, ScoredBatch
+from model.levels import MAX_BATCH_TOKENS
 
 if TYPE_CHECKING:  # the model lives in the model processes
-    import numpy as np
-
     from model.relevance import RelevanceModel
 
-Encoded = tuple[list[int], list[int]]  # (input_ids, token_type_ids) of one pair
-# A forwarded batch: its scores as numpy columns (model.levels.ScoredBatch), and the forward pass's seconds
-Forwarded = tuple[ScoredBatch["np.ndarray"], float]
+# (input_ids, token_type_ids) of one pair: lists, or bytes as a front process packs them (model.tokenizer.pack_pair:
+# the engine core passes them on as they came; the model process unpacks them)
+Encoded = tuple[list[int], list[int]] | tuple[bytes, bytes]
+# A forwarded batch: its rows, joined, in batch order (model.levels.ScoredBatch.pack: one `bytes` to unpickle,
+# where numpy columns cost the event loop a reconstruction each), and the forward pass's seconds
+Forwarded = tuple[bytes, float]
 Done = Callable[[Any, BaseException | None], None]  # (value, error) of an exchange the event loop drove
 
 # Where the server hands the fork server the LoadSpec to load as its template (JSON): set by backend_process,
@@ -205,7 +206,7 @@ class Backend(ABC):
 
     @abstractmethod
     def forward(self, batch: Sequence[Encoded]) -> Forwarded:
-        """Score one batch: its scores, rows in batch order, and the forward's seconds. Raises ModelError, or
+        """Score one batch: its rows packed, in batch order, and the forward's seconds. Raises ModelError, or
         ProcessDied."""
 
     @abstractmethod

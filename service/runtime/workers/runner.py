@@ -16,6 +16,7 @@ import torch
 
 from model.device import resolve_device
 from model.relevance import RelevanceModel
+from model.tokenizer import unpack_pair
 from service.runtime.workers.backend import Encoded, Error, Forward, Forwarded, Job, LoadSpec, Reply, Result
 
 log = logging.getLogger("qtrel.worker")
@@ -76,11 +77,13 @@ def forward_in_halves(forward: Callable[[Sequence[Encoded]], torch.Tensor], batc
 
 
 def forward_batch(model: RelevanceModel, batch: Sequence[Encoded]) -> Forwarded:
-    """One batch through the model's one scoring call, as numpy columns, and the forward's seconds."""
+    """One batch through the model's one scoring call, its rows packed (model.levels.pack_row: the engine keeps
+    them as bytes), and the forward's seconds."""
     t0 = time.perf_counter()
+    batch = [unpack_pair(x) for x in batch]  # packed by a front process: lists built here, not in the engine core
     logits = forward_in_halves(lambda b: model.logits([x[0] for x in b], [x[1] for x in b]), batch)
     seconds = time.perf_counter() - t0
-    return model.score(logits).map(torch.Tensor.numpy), seconds
+    return model.score(logits).map(torch.Tensor.numpy).pack(), seconds
 
 
 def _function(target: str) -> Callable:

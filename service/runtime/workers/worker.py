@@ -29,7 +29,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from model.levels import PairScore
+from model.levels import split_rows
 from model.tokenizer import PairTokenizer
 from service.runtime.workers.backend import (
     Backend,
@@ -215,16 +215,17 @@ class Worker:
                 return r.drive(asyncio.get_running_loop(), message)
         return self._submit(message)
 
-    async def run(self, batch: Sequence[Encoded]) -> list[PairScore | BackendError]:
-        """Forward one batch on a model: one entry per pair, its scores, or the error of a pair that failed
-        alone. A batch whose process died is retried once; one that fails again, or that the model raised
-        for, is split in halves and each is tried once more, down to the single pair that fails."""
+    async def run(self, batch: Sequence[Encoded]) -> list[bytes | BackendError]:
+        """Forward one batch on a model: one entry per pair, its row (model.levels.pack_row: its scores as
+        bytes), or the error of a pair that failed alone. A batch whose process died is retried once; one that
+        fails again, or that the model raised for, is split in halves and each is tried once more, down to the
+        single pair that fails."""
         return await self._isolating(list(batch), retry=True)
 
-    async def _isolating(self, batch: list[Encoded], retry: bool) -> list[PairScore | BackendError]:
+    async def _isolating(self, batch: list[Encoded], retry: bool) -> list[bytes | BackendError]:
         failure: ProcessDied | ModelError
         try:
-            scores, seconds = await self._forward(Forward(batch))
+            rows, seconds = await self._forward(Forward(batch))
         except ProcessDied as e:
             if retry:
                 self._obs.batch_retried()
@@ -238,7 +239,7 @@ class Worker:
             raise
         else:
             self._obs.forwarded(seconds)
-            return list(scores.rows())
+            return [*split_rows(rows, len(batch))]
         reason = "process_died" if isinstance(failure, ProcessDied) else "error"
         if len(batch) == 1:
             self._obs.batch_failed(reason)

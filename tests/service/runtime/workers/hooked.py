@@ -5,18 +5,21 @@ fork server or spawned takes them by reference); everything else is the producti
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import signal
 import threading
 import time
 from functools import partial
 
-import numpy as np
-
+from model.levels import unpack_row
 from service.runtime.workers.backend import Error, Forward, Job, LoadSpec, Reply, Result
 from service.runtime.workers.backend_process import ProcessBackend
 from service.runtime.workers.backend_thread import ThreadBackend
+
+
+def scores(outs: list) -> list:
+    """Worker.run's answer with each pair's row unpacked (model.levels.unpack_row); an error stays as it is."""
+    return [unpack_row(o) if isinstance(o, bytes) else o for o in outs]
 
 
 def labels_of(model):
@@ -55,7 +58,7 @@ class FailNext:
             raise RuntimeError(self.message)
 
 
-PADDING = 2_000_000  # float64s added to a pair's logits in `big_reply_stopped_midway`'s reply: ~16 MB pickled, so that
+PADDING = 2_000_000  # zero float64s after a pair's row in `big_reply_stopped_midway`'s reply: ~16 MB pickled, so that
 # the process is stopped long before the loop could read it all (4 MB sometimes crossed whole first)
 
 
@@ -70,17 +73,16 @@ def once(flag: str) -> bool:
 
 
 def big_reply_stopped_midway(model, batch, flag: str):
-    """A fault, once: the batch's scores in a reply far larger than the pipe's buffer (each pair's logits
-    padded by PADDING zeros), and the model process stops itself (SIGSTOP) as soon as that reply has begun to
+    """A fault, once: the batch's scores in a reply far larger than the pipe's buffer (PADDING zero float64s
+    after its rows), and the model process stops itself (SIGSTOP) as soon as that reply has begun to
     cross the pipe, half written."""
     if not once(flag):
         return None
     from service.runtime.workers import runner
 
-    scores, seconds = runner.forward_batch(model, batch)
-    padding = np.zeros((len(scores), PADDING))
+    rows, seconds = runner.forward_batch(model, batch)
     threading.Thread(target=_stop_once_writing, args=(_pipe_fd(),), daemon=True).start()
-    return Result((dataclasses.replace(scores, logits=np.concatenate([scores.logits, padding], axis=1)), seconds))
+    return Result((rows + bytes(8 * PADDING * len(batch)), seconds))  # a one-pair batch: its row, then zeros
 
 
 def close_pipe_and_linger(model, batch, flag: str):

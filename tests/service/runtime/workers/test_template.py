@@ -23,6 +23,7 @@ ROOT = Path(__file__).resolve().parents[4]
 PROBE = r"""
 import json, os, sys
 from service.runtime.workers.backend import LoadSpec
+from model.levels import unpack_rows
 from service.runtime.workers.runner import load_model, forward_batch
 from tests.service.runtime.workers.hooked import HookedProcessBackend
 
@@ -45,11 +46,11 @@ if __name__ == "__main__":
             inference.append(info["inference"])
             probes.append(info["inference_probe"])
             b.warm_up()
-        scores = [b.forward(batch)[0].expected.tolist() for b in backends]  # (ScoredBatch, seconds)
+        scores = [[o.expected for o in unpack_rows(b.forward(batch)[0], 2)] for b in backends]  # (rows, seconds)
         server = [int(open(f"/proc/{b.pid}/stat").read().rsplit(")", 1)[1].split()[1]) for b in backends]
         out = {
             "scores": scores,
-            "want": forward_batch(load_model(spec), batch)[0].expected.tolist(),
+            "want": [o.expected for o in unpack_rows(forward_batch(load_model(spec), batch)[0], 2)],
             "states": [b.job("state") for b in backends],
             "parents": server,
             "me": os.getpid(),

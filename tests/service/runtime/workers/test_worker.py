@@ -17,7 +17,7 @@ from service.runtime.workers.backend import State as WorkerState
 from service.runtime.workers.runner import forward_in_halves
 from service.runtime.workers.worker import Worker
 from tests.conftest import read_pairs
-from tests.service.runtime.workers.hooked import POISON, die_on_poison, hooked
+from tests.service.runtime.workers.hooked import POISON, die_on_poison, hooked, scores
 
 
 def test_out_of_memory_retries_in_halves():
@@ -79,17 +79,17 @@ def test_worker_loads_warms_and_scores(tiny_checkpoint, mode):
         assert w.state == WorkerState.READY
         assert w.info.labels == ["1", "2", "3", "4", "5"] and w.info.dtype == "float32"
         enc = w.info.tokenizer.encode(*zip(*pairs))
-        outs = await w.run(list(zip(enc.input_ids, enc.token_type_ids)))
+        outs = scores(await w.run(list(zip(enc.input_ids, enc.token_type_ids))))
         want = ref.probs(enc.input_ids, enc.token_type_ids)
         assert torch.allclose(torch.tensor([o.probs for o in outs]), want, atol=1e-6)
         assert [o.level for o in outs] == want.argmax(-1).tolist()
         assert await w.job("labels_of") == ["1", "2", "3", "4", "5"]
         # A job that raises fails alone: a token id beyond the vocabulary, then a raising call.
-        (bad,) = await w.run([([101, 10**6, 102], [0, 0, 0])])
+        (bad,) = scores(await w.run([([101, 10**6, 102], [0, 0, 0])]))
         assert isinstance(bad, ModelError) and "index" in str(bad)
         with pytest.raises(Exception, match="boom"):
             await w.job("raise_value_error", "boom")
-        again = await w.run(list(zip(enc.input_ids, enc.token_type_ids)))
+        again = scores(await w.run(list(zip(enc.input_ids, enc.token_type_ids))))
         assert [o.probs for o in again] == [o.probs for o in outs]
 
     asyncio.run(main())
@@ -130,7 +130,7 @@ def test_worker_reports_a_failed_load(tmp_path):
         w.start()
         await w.wait_ready()
         with pytest.raises(RuntimeError, match="not ready"):
-            await w.run([([101, 102], [0, 0])])
+            scores(await w.run([([101, 102], [0, 0])]))
 
     asyncio.run(main())
     assert w.state == WorkerState.FAILED and "config.json" in w.error
@@ -152,11 +152,11 @@ def test_a_stopped_model_process_is_killed_by_the_watchdog_and_its_batch_retried
         w.start()
         await w.wait_ready()
         first = w.pids[0]
-        want = [o.probs for o in await w.run(three_pairs(w))]
+        want = [o.probs for o in scores(await w.run(three_pairs(w)))]
         os.kill(first, signal.SIGSTOP)
         try:
             t0 = time.monotonic()
-            outs = await asyncio.wait_for(w.run(three_pairs(w)), 60)
+            outs = scores(await asyncio.wait_for(w.run(three_pairs(w)), 60))
         finally:
             if first in w.pids:  # the watchdog did not act: do not leave a stopped process behind
                 os.kill(first, signal.SIGKILL)
@@ -181,7 +181,7 @@ def test_a_cancelled_batch_still_frees_its_model_process_for_the_next(tiny_check
         w.start()
         await w.wait_ready()
         pairs = three_pairs(w)
-        want = [o.probs for o in await w.run(pairs)]
+        want = [o.probs for o in scores(await w.run(pairs))]
         first = w.pids[0]
         os.kill(first, signal.SIGSTOP)  # so that the batch is surely in flight when it is cancelled
         try:
@@ -190,7 +190,7 @@ def test_a_cancelled_batch_still_frees_its_model_process_for_the_next(tiny_check
             held.cancel()
         finally:
             os.kill(first, signal.SIGCONT)
-        outs = await asyncio.wait_for(w.run(pairs), 30)
+        outs = scores(await asyncio.wait_for(w.run(pairs), 30))
         assert [o.probs for o in outs] == want and w.pids == [first]
         assert held.cancelled()
 
@@ -228,11 +228,11 @@ def test_a_poison_pair_fails_after_its_retry_and_the_worker_serves_on(tiny_check
     async def main():
         w.start()
         await w.wait_ready()
-        (died,) = await asyncio.wait_for(w.run([([101, POISON, 102], [0, 0, 0])]), 60)
+        (died,) = scores(await asyncio.wait_for(w.run([([101, POISON, 102], [0, 0, 0])]), 60))
         assert isinstance(died, ProcessDied) and "died" in str(died)
-        (raised,) = await w.run([([101, 10**6, 102], [0, 0, 0])])
+        (raised,) = scores(await w.run([([101, 10**6, 102], [0, 0, 0])]))
         assert isinstance(raised, ModelError) and "index" in str(raised)
-        assert len(await w.run(three_pairs(w))) == 3
+        assert len(scores(await w.run(three_pairs(w)))) == 3
         assert w.state == WorkerState.READY
 
     asyncio.run(main())

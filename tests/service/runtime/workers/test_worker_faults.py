@@ -15,7 +15,7 @@ import pytest
 from service.runtime.workers.backend import LoadFailed, LoadSpec, ModelError, ProcessDied
 from service.runtime.workers.backend import State as WorkerState
 from service.runtime.workers.worker import RestartPolicy, Worker
-from tests.service.runtime.workers.hooked import POISON, die_on_poison, hooked
+from tests.service.runtime.workers.hooked import POISON, die_on_poison, hooked, scores
 from tests.service.runtime.workers.test_worker import Restarts, three_pairs
 
 
@@ -60,7 +60,7 @@ def test_a_replacement_killed_while_it_starts_is_started_again(tiny_checkpoint):
         assert len(outs) == 3 and not any(isinstance(o, Exception) for o in outs)
         assert w.state == WorkerState.READY and w.alive()
         assert set(w.pids).isdisjoint({first, second})
-        assert len(await w.run(three_pairs(w))) == 3
+        assert len(scores(await w.run(three_pairs(w)))) == 3
 
     asyncio.run(main())
     w.stop()
@@ -79,7 +79,7 @@ def test_one_replica_serves_while_the_other_restarts(tiny_checkpoint):
         os.kill(replacement, signal.SIGKILL)
         assert w.state == WorkerState.READY  # b lives throughout: readiness holds
         for _ in range(5):
-            assert len(await asyncio.wait_for(w.run(three_pairs(w)), 60)) == 3
+            assert len(scores(await asyncio.wait_for(w.run(three_pairs(w)), 60))) == 3
 
     asyncio.run(main())
     w.stop()
@@ -108,7 +108,7 @@ def test_a_crash_loop_backs_off_and_shows_in_liveness_until_it_ends(tiny_checkpo
         (tmp_path / "config.json").rename(ckpt / "config.json")
         await until(lambda: w.state == WorkerState.READY)
         assert w.alive() is False  # the window still holds the loop's restarts
-        assert len(await w.run(three_pairs(w))) == 3
+        assert len(scores(await w.run(three_pairs(w)))) == 3
 
     asyncio.run(main())
     w.stop()
@@ -128,9 +128,9 @@ def test_a_poison_pair_fails_alone_and_its_batch_mates_are_scored(tiny_checkpoin
         w.start()
         await w.wait_ready()
         clean = three_pairs(w) + three_pairs(w)[:2] + three_pairs(w)[:2]
-        want = [o.probs for o in await w.run(clean)]
+        want = [o.probs for o in scores(await w.run(clean))]
         batch = clean[:5] + [([101, bad_id, 102], [0, 0, 0])] + clean[5:]
-        outs = await asyncio.wait_for(w.run(batch), 120)
+        outs = scores(await asyncio.wait_for(w.run(batch), 120))
         assert isinstance(outs[5], ProcessDied if fault == "dies" else ModelError)
         got = [o.probs for i, o in enumerate(outs) if i != 5]
         assert all(abs(a - b) < 1e-5 for x, y in zip(got, want) for a, b in zip(x, y))
