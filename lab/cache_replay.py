@@ -128,11 +128,11 @@ def miss_path_us(trace: Trace) -> float:
     """What the cache adds to a pair it does not hold, in this process: the key, the lookup that misses,
     and the store of the forward's result (packed, LRU bookkeeping), microseconds per pair."""
     sys.path.insert(0, str(ROOT))
-    from model.levels import PairScore
+    from model.levels import PairScore, pack_row
     from service.runtime.cache import Cached, ScoreCache, make_key
 
     pairs = [(q, t) for q, ts in trace for t in ts]
-    out = Cached(PairScore([0.1] * 5, [0.2] * 5, 2, 3.1), 24, False)
+    out = Cached(pack_row(PairScore([0.1] * 5, [0.2] * 5, 2, 3.1)), 24, False, 0.0)
     best = float("inf")
     for _ in range(5):
         cache = ScoreCache(64 << 20)
