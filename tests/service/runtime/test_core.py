@@ -24,6 +24,15 @@ def settings_for(model_dir, **overrides) -> Settings:
     return Settings(model=str(model_dir), device="cpu", dtype="float32", worker="thread", warmup=False, **overrides)
 
 
+async def until(cond) -> bool:
+    """True once `cond()` holds (within ~3 s of the loop's turns), else False."""
+    for _ in range(300):
+        if cond():
+            return True
+        await asyncio.sleep(0.01)
+    return False
+
+
 def linked(
     tmp_path, model_dir, body, core_tracing: Tracing | None = None, front_tracing=None, with_core=False, **overrides
 ):
@@ -105,13 +114,6 @@ def test_a_full_queue_is_a_429_and_a_hung_up_request_lets_go_of_its_pairs(tmp_pa
 def test_a_front_refuses_early_while_the_core_says_every_queue_is_full(tmp_path, tiny_checkpoint):
     """The core pushes its admission refusal on a change; the front refuses from it before any body is read,
     counts it as one process would, and lets requests through again once the queue has room."""
-
-    async def until(cond) -> bool:
-        for _ in range(300):
-            if cond():
-                return True
-            await asyncio.sleep(0.01)
-        return False
 
     async def body(engine, remote):
         assert remote.refuse_early() is None
@@ -204,13 +206,6 @@ def test_the_core_works_out_full_and_admit_again_only_when_a_queue_changed(tmp_p
     fronts without waiting for a tick (there is none here after the first)."""
     monkeypatch.setattr(core_module, "FULL_EVERY_S", 60.0)
     monkeypatch.setattr(core_module, "STATE_EVERY_S", 60.0)
-
-    async def until(cond) -> bool:
-        for _ in range(300):
-            if cond():
-                return True
-            await asyncio.sleep(0.01)
-        return False
 
     async def body(engine, remote, core):
         b = engine.batcher
