@@ -231,9 +231,7 @@ class Batcher(Admission):
                     await task
                 except asyncio.CancelledError:
                     pass
-        for it in self._pending:
-            if not it.future.done():
-                it.future.set_exception(Closed("the service is shutting down"))
+        fail(self._pending, Closed("the service is shutting down"))  # as a batch cancelled on the device
         self._pending.clear()
         self._queued = Queued(len(PRIORITIES))
 
