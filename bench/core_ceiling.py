@@ -16,6 +16,7 @@ request, requests per frame and pairs per batch (the server's qtrel_batch_pairs)
 
     python bench/core_ceiling.py --quick                         # one short setting (< 40 s)
     python bench/core_ceiling.py --outstanding 8,32,128 --rounds 2 --seconds 8
+    python bench/core_ceiling.py --links 15 --outstanding 2,8,32 --against /tmp/base   # 15 stand-in fronts, 2 builds
 """
 
 from __future__ import annotations
@@ -171,27 +172,41 @@ def token_pool(model: Path, size: int = 512) -> list[tuple[bytes, bytes, bool]]:
     return [(*pack_pair(i, s), c) for i, s, c in zip(enc.input_ids, enc.token_type_ids, enc.truncated, strict=True)]
 
 
-async def run(a: argparse.Namespace, model: Path, work: Path) -> list[dict]:
+async def serve_and_measure(
+    a: argparse.Namespace, model: Path, work: Path, root: Path, settings: list[int]
+) -> list[dict]:
+    """One server of the checkout at `root`, each setting measured on it in turn."""
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    os.environ["TMPDIR"] = str(work)  # the core's socket folder (tempfile.mkdtemp) lands here, where we find it
-    proc = start_server(model, 2, "reuseport", port, work / "server.log")
+    sockets = work / f"sockets-{port}"
+    sockets.mkdir()
+    os.environ["TMPDIR"] = str(sockets)  # the core's socket folder (tempfile.mkdtemp) lands here, where we find it
+    proc = start_server(model, 2, "reuseport", port, work / "server.log", root)
     os.environ.pop("TMPDIR")
     runs = []
     try:
         await asyncio.to_thread(wait_ready, url, proc)
-        path = str(next(work.glob("qtrel-core-*/core.sock")))
+        path = str(next(sockets.glob("qtrel-core-*/core.sock")))
         roles = processes(proc.pid)
         pool = token_pool(model)
-        settings = [int(x) for x in a.outstanding.split(",")]
-        for i in range(a.rounds):
-            for outstanding in settings if i % 2 == 0 else settings[::-1]:
-                r = await measure(path, url, roles, pool, a.links, outstanding, a.seconds) | {"round": i}
-                print(json.dumps({k: round(v, 3) if isinstance(v, float) else v for k, v in r.items()}), flush=True)
-                runs.append(r)
+        for outstanding in settings:
+            r = await measure(path, url, roles, pool, a.links, outstanding, a.seconds) | {"root": str(root)}
+            print(json.dumps({k: round(v, 3) if isinstance(v, float) else v for k, v in r.items()}), flush=True)
+            runs.append(r)
     finally:
         proc.terminate()
         proc.wait(60)
+    return runs
+
+
+async def run(a: argparse.Namespace, model: Path, work: Path) -> list[dict]:
+    settings = [int(x) for x in a.outstanding.split(",")]
+    roots = [ROOT] + ([a.against.resolve()] if a.against else [])
+    runs = []
+    for i in range(a.rounds):  # the order of settings and of checkouts alternates by round
+        for root in roots if i % 2 == 0 else roots[::-1]:
+            got = await serve_and_measure(a, model, work, root, settings if i % 2 == 0 else settings[::-1])
+            runs += [r | {"round": i} for r in got]
     return runs
 
 
@@ -203,6 +218,7 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--seconds", type=float, default=8)
     ap.add_argument("--out", type=Path, help="write the raw runs and summary as JSON here")
+    ap.add_argument("--against", type=Path, help="another checkout (C kernels built): each round runs both")
     a = ap.parse_args()
     if a.quick:
         a.rounds, a.seconds, a.outstanding = 1, 3.0, "32"
@@ -214,16 +230,16 @@ def main() -> int:
         runs = uvloop.run(run(a, model, work))
     except ImportError:
         runs = asyncio.run(run(a, model, work))
-    summary = {}
-    for o in sorted({r["outstanding"] for r in runs}):
-        rs = [r for r in runs if r["outstanding"] == o]
-        summary[str(o * a.links)] = {
-            k: statistics.median(r[k] for r in rs)
-            for k in ("rps", "core_us", "core_busy", "model_us", "driver_us", "requests_per_frame", "pairs_per_batch")
-            if all(r[k] is not None for r in rs)
-        } | {"errors": sum(r["errors"] for r in rs)}
+    summary: dict[str, dict] = {}
+    for root in sorted({r["root"] for r in runs}):
+        for o in sorted({r["outstanding"] for r in runs}):
+            rs = [r for r in runs if r["outstanding"] == o and r["root"] == root]
+            keys = ("rps", "core_us", "core_busy", "model_us", "driver_us", "requests_per_frame", "pairs_per_batch")
+            row = {k: statistics.median(r[k] for r in rs) for k in keys if all(r[k] is not None for r in rs)}
+            name = f"{o * a.links} in flight" + ("" if root == str(ROOT) else f" @ {root}")
+            summary[name] = row | {"errors": sum(r["errors"] for r in rs)}
     for k, row in summary.items():
-        print(f"{k} in flight:", json.dumps({x: round(v, 3) if isinstance(v, float) else v for x, v in row.items()}))
+        print(f"{k}:", json.dumps({x: round(v, 3) if isinstance(v, float) else v for x, v in row.items()}))
     print("ceiling of the core = requests/s where core_busy is near 1.0; else ~ 1 / core CPU per request")
     if a.out:
         a.out.write_text(json.dumps({"runs": runs, "summary": summary, "root": str(ROOT)}, indent=1))

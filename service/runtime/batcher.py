@@ -28,6 +28,7 @@ import math
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
+from itertools import filterfalse
 from typing import Any
 
 from service.runtime.admission import Admission
@@ -46,6 +47,7 @@ from service.runtime.batching import (
     NoObserver,
     Overloaded,
     Queued,
+    by_length,
     due,
     fail,
     form_batch,
@@ -272,10 +274,9 @@ class Batcher(Admission):
 
     async def _wait_to_fill(self, budget: int) -> None:
         """Wait until the pending work fills a batch or the oldest item has waited max_wait."""
-        while self._pending:
-            lengths = [it.length for it in self._pending]
-            if padded_tokens(lengths) >= budget or len(lengths) >= self.max_batch_size:
-                return
+        while pending := self._pending:
+            if len(pending) >= self.max_batch_size or max(map(by_length, pending)) * len(pending) >= budget:
+                return  # (no walk of a queue that holds a batch already: it may hold thousands of items)
             left = self._pending[0].enqueued + self.max_wait_s - time.monotonic()
             if left <= 0 or self._closed:
                 return
@@ -305,8 +306,8 @@ class Batcher(Admission):
                 self._slots.release()
                 continue
             batch = form_batch(self._pending, budget, self.max_batch_tokens, self.max_batch_size)
-            chosen = set(map(id, batch))
-            self._pending = deque(it for it in self._pending if id(it) not in chosen)
+            chosen = set(batch)  # an Item hashes by identity (eq=False): the walk of the queue stays in C
+            self._pending = deque(filterfalse(chosen.__contains__, self._pending))
             self._queued.take(batch)
             now = time.monotonic()
             self._clock += sum(it.length for it in batch)

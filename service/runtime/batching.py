@@ -13,6 +13,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from operator import attrgetter
 from typing import Any, Protocol
 
 log = logging.getLogger("qtrel.batcher")
@@ -97,7 +98,7 @@ class BatchTracer(Protocol):
     ) -> None: ...
 
 
-@dataclass(eq=False)
+@dataclass(eq=False)  # hashed by identity: the batcher takes a batch out of its queue by a set of them
 class Item:
     length: int
     payload: Any
@@ -156,8 +157,9 @@ def sweep(pending: Iterable[Item], now: float) -> tuple[deque[Item], list[Item],
     return keep, gone, late, earliest
 
 
-def order(it: Item) -> tuple[int, float]:
-    return it.priority, it.rank
+order = attrgetter("priority", "rank")  # the order batches form in: C, not a Python call an item (a walk of the queue)
+by_length = attrgetter("length")
+by_work = attrgetter("work")
 
 
 def due(clock: float, tokens: int) -> float:
@@ -177,14 +179,16 @@ def plan_batch(window: Sequence[Item], max_tokens: int, max_size: int) -> list[I
     """From a window in rank order (fair-queueing tags), the length-sorted run of items that holds the first
     one and fits `max_tokens` padded tokens and `max_size` items."""
     oldest = window[0]
-    ordered = sorted(window, key=lambda it: it.length)
-    batches: list[list[Item]] = [[]]
-    for it in ordered:
-        cur = batches[-1]
+    cur: list[Item] = []
+    held = False  # cur holds the oldest: the batch is cur once it closes
+    for it in sorted(window, key=by_length):
         if cur and (it.length * (len(cur) + 1) > max_tokens or len(cur) >= max_size):
-            batches.append([])
-        batches[-1].append(it)
-    return next(b for b in batches if any(it is oldest for it in b))
+            if held:
+                return cur
+            cur = []
+        cur.append(it)
+        held = held or it is oldest
+    return cur
 
 
 def form_batch(pending: Sequence[Item], split_tokens: int, max_tokens: int, max_size: int) -> list[Item]:
@@ -193,10 +197,14 @@ def form_batch(pending: Sequence[Item], split_tokens: int, max_tokens: int, max_
     padded tokens of the work due within that much of the first item (a big request's items beside a later
     one's of a similar length would make each wait for both). With small requests alone, none waits behind a
     big one: the batch takes them whole up to `max_tokens`, as splitting them would only add fixed costs."""
-    window = heapq.nsmallest(max_size * 4, pending, key=order)
+    n = max_size * 4
+    # heapq.nsmallest keeps its heap in Python: sorting in C is faster up to a queue of ~4 windows (Zen 4: 94 against
+    # 268 us at 600 items, 560 against 483 at 3,000)
+    window = sorted(pending, key=order)[:n] if len(pending) <= 4 * n else heapq.nsmallest(n, pending, key=order)
     first = window[0]
-    window = [it for it in window if it.priority == first.priority]
-    if all(it.work <= split_tokens for it in window):
+    if window[-1].priority != first.priority:  # in order: the first class is a prefix
+        window = [it for it in window if it.priority == first.priority]
+    if max(map(by_work, window)) <= split_tokens:
         return plan_batch(window, max_tokens, max_size)
     return plan_batch([it for it in window if it.rank <= first.rank + split_tokens], split_tokens, max_size)
 
