@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+from bisect import bisect_left
+from collections import Counter as Tally
 from collections.abc import Sequence
+from functools import partial
 from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics, generate_latest
@@ -238,6 +241,23 @@ class Metrics:
         return generate_latest(self.registry)
 
 
+def observe_many(histogram: Histogram, values: Sequence[float]) -> None:
+    """`histogram.observe(v)` for every v of `values` (a labelled child): one locked add a bucket hit and one for the
+    sum, counted in C, where observe takes a lock and walks the buckets in Python for each value (a batch's queue
+    waits: once a pair, ~5% of the engine core's CPU at 30,000 requests/s; docs/fronts-bench.md)."""
+    try:
+        bounds, buckets, total = histogram._upper_bounds, histogram._buckets, histogram._sum
+    except AttributeError:  # a prometheus_client without these insides: one at a time
+        for v in values:
+            histogram.observe(v)
+        return
+    if not values:
+        return
+    for i, n in Tally(map(partial(bisect_left, bounds), values)).items():  # bisect_left: the first bound >= v
+        buckets[i].inc(n)
+    total.inc(sum(values))
+
+
 class ModelObserver:
     """BatchObserver (the batcher) and WorkerObserver (the worker) for one model: Metrics' per-model
     series with its `model` label, every series of the model present from the start."""
@@ -261,9 +281,7 @@ class ModelObserver:
 
     def dispatched(self, waits: Sequence[float], lengths: Sequence[int]) -> None:
         m, model = self.m, self.model
-        queue = m.queue_seconds.labels(model)
-        for w in waits:
-            queue.observe(w)
+        observe_many(m.queue_seconds.labels(model), waits)
         padded = max(lengths) * len(lengths)
         m.batch_pairs.labels(model).observe(len(lengths))
         m.batch_tokens.labels(model).observe(padded)
