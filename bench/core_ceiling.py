@@ -34,13 +34,11 @@ import time
 import urllib.request
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from fronts import ROOT, processes, start_server, stat, tiny_checkpoint, wait_ready
+from harness.live import free_port
 
-from fronts import ROOT, processes, start_server, stat, tiny_checkpoint, wait_ready  # noqa: E402
-from harness.live import free_port  # noqa: E402
-
-from model.tokenizer import PairTokenizer, pack_pair  # noqa: E402
-from service.runtime.wire import Channel  # noqa: E402
+from model.tokenizer import PairTokenizer, pack_pair
+from service.runtime.wire import Channel
 
 QUERY = "cordless drill"
 
@@ -77,7 +75,7 @@ class Driver:
     def send(self) -> None:
         self.n += 1
         ids, segs, cut = self.pool[self.n % len(self.pool)]
-        args = {
+        args: dict[str, object] = {
             "model": None,
             "generation": self.generation,
             "truncation": "only_second",

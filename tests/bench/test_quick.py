@@ -35,6 +35,7 @@ RUNS: dict[str, str | None] = {
     "stress.py reload": None,
     "stress.py goodput": None,
     "fronts.py": None,
+    "core_ceiling.py": None,
     "jobs.py": None,
     "arch_speed.py": None,
     "zh_speed.py": None,
