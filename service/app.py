@@ -141,6 +141,9 @@ def create_app(
         version=package_version(),
         description="Query-title relevance: a BERT cross-encoder grading each pair on 5 levels.",
         lifespan=lifespan,
+        # FastAPI's own OpenTelemetry looks up the global providers on every request (~3 us of a front's CPU);
+        # qtrel's tracing is its own (service.tracing, FastAPI's contrib instrumentation), so without it: off
+        telemetry=None if tracing.enabled else {"tracing": False, "metrics": False, "logs": False},
     )
     errors.install(app)
     auth = [Depends(require_api_key)] if settings.keys else []  # none: the OpenAPI schema shows no key

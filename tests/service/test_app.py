@@ -76,3 +76,20 @@ def test_lifecycle_drains_through_the_engine(tiny_checkpoint):
         assert client.get("/health/live").status_code == 200  # draining is not dead
         assert client.post("/score", json={"query": "q", "titles": ["t"]}).status_code == 503
         assert "qtrel_ready 0.0" in client.get("/metrics").text
+
+
+def test_fastapis_own_telemetry_is_off_unless_qtrel_traces(tiny_checkpoint):
+    # FastAPI looks up OpenTelemetry's global providers on every request unless told not to; qtrel's tracing is its
+    # own, so without it the lookups are switched off (FastAPI 0.165's `telemetry` argument; pinned in pyproject)
+    from service.tracing import Tracing
+
+    class On(Tracing):
+        enabled = True
+
+        def instrument(self, app) -> None:  # the contrib instrumentation needs the otel extra: not under test here
+            pass
+
+    off = create_app(settings_for(tiny_checkpoint), Lifecycle())
+    assert not off._native_telemetry.enabled() and not off._telemetry["tracing"]
+    on = create_app(settings_for(tiny_checkpoint), Lifecycle(), tracing=On())
+    assert on._telemetry["tracing"] and on._telemetry["metrics"]
