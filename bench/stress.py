@@ -107,8 +107,7 @@ async def sigterm(a) -> dict:
     try:
         srv.wait_ready()
         rng = random.Random(1)
-        # (when the client handed it to httpx, status or transport error) of each request
-        results: list[tuple[float, int | str]] = []
+        results: list[tuple[float, int | str]] = []  # (sent at, status or transport error) of each request
         signalled = asyncio.Event()
 
         async def client(c: httpx.AsyncClient):
@@ -139,14 +138,11 @@ async def sigterm(a) -> dict:
             await asyncio.gather(*tasks)
         rc = await asyncio.to_thread(srv.proc.wait, a.drain + 15)
         exit_s = time.monotonic() - t0
-        # Sent before the signal and answered after it: admitted work must be answered 200. A 429 is admission
-        # (more clients than the queue holds: the server was full when it came); a 503 is a request that reached the
-        # one process's routes after the drain began (refused by design: docs/reliability.md); a refused connect
-        # never reached the server. None is a drain loss. A request a client sent after the signal (its previous
-        # answer came back just before) may meet the closed listener: counted apart.
+        # Sent before the signal: admitted work must be answered 200. Not drain losses: a 429 (admission: the queue was
+        # full), a 503 (one process: it reached the routes after the drain began, refused by design), a refused
+        # connect (never reached the server). Sent after the signal: may meet the closed listener, counted apart.
         late = [x for t, x in results[before:] if t < t0]
-        after = [x for t, x in results[before:] if t >= t0]
-        refused = (429, 503, "ConnectError")
+        lost = [x for x in late if x not in (200, 429, 503, "ConnectError")]
         return {
             "scenario": "sigterm",
             "clients": a.clients,
@@ -155,12 +151,10 @@ async def sigterm(a) -> dict:
             "requests_before_signal": before,
             "in_flight_at_signal": len(late),
             "answered_200": late.count(200),
-            "refused_429": late.count(429),
-            "refused_503_draining": late.count(503),
-            "connect_refused": late.count("ConnectError"),
-            "lost": sum(1 for x in late if x != 200 and x not in refused),
-            "lost_detail": [x for x in late if x != 200 and x not in refused],
-            "sent_after_signal": dict(Counter(str(x) for x in after)),
+            "refused": {"429": late.count(429), "503_draining": late.count(503), "connect": late.count("ConnectError")},
+            "lost": len(lost),
+            "lost_detail": lost,
+            "sent_after_signal": dict(Counter(str(x) for t, x in results[before:] if t >= t0)),
             "readiness_right_after": ready_after,
             "readiness_checked_after_ms": round(ready_s * 1000, 1),
             "exit_code": rc,
@@ -364,9 +358,9 @@ def quick(a) -> None:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument(
-        "scenario", choices=["overload", "sigterm", "slow", "fuzz", "killstorm", "soak", "goodput", "reload", "shadow"]
-    )
+    scenarios = {"overload": overload, "sigterm": sigterm, "slow": slow}
+    scenarios |= {"killstorm": killstorm, "soak": soak, "goodput": goodput, "reload": reload, "shadow": shadow}
+    p.add_argument("scenario", choices=[*scenarios, "fuzz"])
     p.add_argument("--model", default="builtin:default")
     p.add_argument("--seconds", type=float, default=20)
     p.add_argument("--clients", type=int, default=32)
@@ -387,8 +381,6 @@ def main() -> None:
         quick(a)
     if a.http_workers:  # every server the scenario starts (harness.live.Server) inherits it
         os.environ["QTREL_HTTP_WORKERS"] = a.http_workers
-    scenarios = {"overload": overload, "sigterm": sigterm, "slow": slow}
-    scenarios |= {"killstorm": killstorm, "soak": soak, "goodput": goodput, "reload": reload, "shadow": shadow}
     runs = [fuzz(a) if a.scenario == "fuzz" else asyncio.run(scenarios[a.scenario](a)) for _ in range(a.repeat)]
     res = runs[0] if a.repeat == 1 else {"scenario": a.scenario, "runs": runs}
     res |= {"http_workers": a.http_workers or "auto", "repeat": a.repeat}
