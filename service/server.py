@@ -1,6 +1,6 @@
 """The uvicorn server both layouts run: the one process (service.cli) and each front (service.front).
 SIGTERM turns readiness off at once (the lifecycle's drain switch), then uvicorn stops accepting and
-finishes the requests it holds, up to drain_timeout_s."""
+answers the requests it holds (the engine still takes them), up to drain_timeout_s."""
 
 from __future__ import annotations
 

@@ -207,7 +207,8 @@ class JobRunner:
         """The job's model once it serves (it may be loading after a restart); None when stopping."""
         while not self._stopping:
             try:
-                if (info := self.engine.require_ready(job.model).current.info) is not None:
+                # (no job starts while the server drains: it takes only the requests its HTTP server holds)
+                if not self.engine.draining and (info := self.engine.require_ready(job.model).current.info) is not None:
                     return info
             except NotReady:
                 pass

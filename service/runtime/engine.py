@@ -80,7 +80,8 @@ class Engine(TextSide, FrameSide):
         self.models = models
         models.on_reload = self._forget
         self.metrics = metrics
-        self._draining = False
+        self._draining = False  # readiness off (SIGTERM): the requests the HTTP server holds are still taken
+        self._closed = False  # drain() runs: no new work
         self.cache = ScoreCache(settings.cache_mb * 2**20)
         self.flights = Flights(self._landed)
         self._tok_pool = ThreadPoolExecutor(1, thread_name_prefix="qtrel-tokenize")
@@ -112,14 +113,20 @@ class Engine(TextSide, FrameSide):
         return self.models.liveness()
 
     def begin_drain(self) -> None:
-        """Stop reporting ready and taking new work. The one writer of the drain state; safe to call
-        from a signal handler (it only sets values)."""
+        """Stop reporting ready (SIGTERM). The requests the HTTP server still holds are taken and answered, as a
+        front's are (service.runtime.remote): refusing them would answer 503 to requests sent before the signal.
+        Safe to call from a signal handler (it only sets values)."""
         self._draining = True
         self.metrics.ready.set(0)
 
+    @property
+    def draining(self) -> bool:
+        return self._draining
+
     async def drain(self, timeout: float) -> None:
-        """Stop taking work; let admitted work finish (up to `timeout`)."""
+        """Stop taking work (the HTTP server has finished its requests); let admitted work finish (up to `timeout`)."""
         self.begin_drain()
+        self._closed = True
         if not await self.models.drain(timeout):
             log.warning("drain timed out with pairs outstanding")
 
@@ -195,7 +202,7 @@ class Engine(TextSide, FrameSide):
 
     def require_ready(self, model: str | None = None) -> Served:
         """The one refusal of work while the model named cannot take it (NotReady); the model otherwise."""
-        if self._draining:
+        if self._closed:
             raise NotReady("draining")
         return self.models.serving(model)
 

@@ -39,9 +39,9 @@ def test_sigterm_drains_admitted_work_then_exits(tiny_checkpoint, tmp_path):
         for t in clients:
             t.start()
         deadline = time.monotonic() + 30
-        # Until every request is admitted (past the draining check, its pairs looked up in the cache): one
-        # admitted alone would let the others arrive after SIGTERM, where 503 is the right answer. The
-        # in-flight gauge cannot say it: the first request's pairs can finish before the last arrives.
+        # Until every request is admitted (its pairs looked up in the cache): one admitted alone would let the
+        # others arrive after SIGTERM, when the listener may be closed already. The in-flight gauge cannot say
+        # it: the first request's pairs can finish before the last arrives.
         looked_up = in_flight = 0.0
         while time.monotonic() < deadline:
             lines = httpx.get(proc.url + "/metrics", timeout=5).text.splitlines()

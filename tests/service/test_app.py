@@ -74,7 +74,8 @@ def test_lifecycle_drains_through_the_engine(tiny_checkpoint):
         r = client.get("/health/ready")
         assert r.status_code == 503 and r.json() == {"error": "not ready: draining", "error_type": "not_ready"}
         assert client.get("/health/live").status_code == 200  # draining is not dead
-        assert client.post("/score", json={"query": "q", "titles": ["t"]}).status_code == 503
+        # a request the HTTP server still holds is answered, as a front answers it: it was sent before the signal
+        assert client.post("/score", json={"query": "q", "titles": ["t"]}).status_code == 200
         assert "qtrel_ready 0.0" in client.get("/metrics").text
 
 

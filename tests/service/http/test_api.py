@@ -414,7 +414,8 @@ def test_readiness_before_warmup_and_during_drain(tiny_checkpoint, monkeypatch):
         srv.lifecycle.begin_drain()
         r = httpx.get(srv.url + "/health/ready")
         assert r.status_code == 503 and "draining" in r.json()["error"]
-        assert httpx.post(srv.url + "/score", json={"query": "q", "titles": ["t"]}).status_code == 503
+        # readiness is off; a request that still reaches the server is answered (the listener closes on SIGTERM)
+        assert httpx.post(srv.url + "/score", json={"query": "q", "titles": ["t"]}).status_code == 200
 
 
 @pytest.mark.parametrize("inference", ["openvino", "auto"])

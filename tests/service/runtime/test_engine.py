@@ -56,6 +56,8 @@ def test_readiness_follows_the_model_and_the_drain(tiny_checkpoint):
         assert scored.labels == ["1", "2", "3", "4", "5"] and scored.model == tiny_checkpoint.name
         e.begin_drain()
         assert e.readiness() == (False, "draining") and gauge(e.metrics, "qtrel_ready") == 0
+        assert (await e.score(["drill"], ["a drill held by the HTTP server"])).labels  # still taken
+        await e.drain(5)  # the HTTP server is done: no new work from here
         with pytest.raises(NotReady) as err:
             await e.score(["drill"], ["cordless drill"])
         assert err.value.why == "draining"
