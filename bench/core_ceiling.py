@@ -25,7 +25,6 @@ import argparse
 import asyncio
 import json
 import os
-import re
 import resource
 import statistics
 import sys
@@ -36,6 +35,7 @@ from pathlib import Path
 
 from fronts import ROOT, processes, start_server, stat, tiny_checkpoint, wait_ready
 from harness.live import free_port
+from harness.server import metrics_of
 
 from model.tokenizer import PairTokenizer, pack_pair
 from service.runtime.wire import Channel
@@ -105,12 +105,8 @@ class Driver:
 
 def batch_pairs(url: str) -> tuple[float, float]:
     """(sum, count) of the server's qtrel_batch_pairs histogram."""
-    text = urllib.request.urlopen(url + "/metrics", timeout=10).read().decode()
-    got = [0.0, 0.0]
-    for i, name in enumerate(("sum", "count")):
-        for m in re.finditer(rf"^qtrel_batch_pairs_{name}\{{[^}}]*\}} (\S+)$", text, re.M):
-            got[i] += float(m.group(1))
-    return got[0], got[1]
+    m = metrics_of(urllib.request.urlopen(url + "/metrics", timeout=10).read().decode())
+    return m.get("qtrel_batch_pairs_sum", 0.0), m.get("qtrel_batch_pairs_count", 0.0)
 
 
 async def measure(path: str, url: str, roles: dict, pool: list, links: int, outstanding: int, seconds: float) -> dict:

@@ -275,7 +275,7 @@ class Batcher(Admission):
     async def _wait_to_fill(self, budget: int) -> None:
         """Wait until the pending work fills a batch or the oldest item has waited max_wait."""
         while pending := self._pending:
-            if len(pending) >= self.max_batch_size or max(map(by_length, pending)) * len(pending) >= budget:
+            if len(pending) >= self.max_batch_size or padded_tokens(list(map(by_length, pending))) >= budget:
                 return  # (no walk of a queue that holds a batch already: it may hold thousands of items)
             left = self._pending[0].enqueued + self.max_wait_s - time.monotonic()
             if left <= 0 or self._closed:
